@@ -1,0 +1,59 @@
+"""
+boundeddb: push many SQLAlchemy units of work through a connection pool without exhausting it.
+
+Three runners share one contract — a new session and transaction per unit, commit on success,
+rollback on failure, at most ``limit`` units (so connections) in flight:
+
+- :class:`SemaphoreRunner` — async units in a sliding window.
+- :class:`ChunkedRunner` — async units in fixed chunks with a barrier between them.
+- :class:`ThreadOffloadRunner` — sync units in a bounded thread pool, from asyncio, trio or sync code.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from ._errors import (
+    BoundedDBError,
+    RunFailed,
+    RunnerBusyElsewhereError,
+    RunnerClosedError,
+    UnitMisuseError,
+    UnitTimeout,
+)
+from ._outcome import Outcome, RunReport
+from ._retry import RetryPolicy, is_transient
+from ._runners.chunked import ChunkedRunner
+from ._runners.semaphore import SemaphoreRunner
+from ._runners.thread_offload import ThreadOffloadRunner
+from ._stats import RunStats
+
+try:
+    __version__ = version("boundeddb")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without metadata
+    __version__ = "0.0.0"
+
+__all__ = [
+    "BoundedDBError",
+    "ChunkedRunner",
+    "Outcome",
+    "RetryPolicy",
+    "RunFailed",
+    "RunReport",
+    "RunStats",
+    "RunnerBusyElsewhereError",
+    "RunnerClosedError",
+    "SemaphoreRunner",
+    "ThreadOffloadRunner",
+    "UnitMisuseError",
+    "UnitTimeout",
+    "__version__",
+    "is_transient",
+]
+
+# Public paths in reprs, tracebacks, pickles and Sphinx (as trio and httpx do).
+for _name in __all__:
+    _obj = globals()[_name]
+    if hasattr(_obj, "__module__") and not isinstance(_obj, str):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -1,0 +1,139 @@
+"""The whole exception tree of boundeddb, in one place.
+
+::
+
+    Exception
+     └── BoundedDBError
+          ├── RunFailed               (also an ExceptionGroup of the units' own exceptions)
+          ├── UnitTimeout             (also a TimeoutError)
+          ├── UnitMisuseError         (also a TypeError)
+          ├── RunnerClosedError       (also a RuntimeError)
+          └── RunnerBusyElsewhereError (also a RuntimeError)
+
+Bad arguments raise the builtin :class:`TypeError` or :class:`ValueError`.
+A unit's own exception is never wrapped: :meth:`~boundeddb.SemaphoreRunner.submit` raises it unchanged,
+a batch collects it into :class:`RunFailed` or into :attr:`Outcome.error <boundeddb.Outcome.error>`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import ExceptionGroup
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from ._outcome import RunReport
+
+__all__ = [
+    "BoundedDBError",
+    "RunFailed",
+    "RunnerBusyElsewhereError",
+    "RunnerClosedError",
+    "UnitMisuseError",
+    "UnitTimeout",
+]
+
+
+class BoundedDBError(Exception):
+    """
+    The root of every exception that boundeddb itself raises.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+class RunFailed(ExceptionGroup[Exception], BoundedDBError):
+    """
+    One or more units of a batch failed and the runner was asked to raise (``errors="raise"``).
+
+    It is an :class:`ExceptionGroup` of each failed unit's own exception, in input order,
+    so ``except* IntegrityError:`` catches the units that hit a constraint.
+    :attr:`report` is the partial :class:`~boundeddb.RunReport`:
+    every unit in it either committed or failed (rolled back);
+    units after the last index in it were never started.
+
+    .. versionadded:: 0.1.0
+    """
+
+    report: RunReport[Any]
+
+    def __new__(cls, message: str, exceptions: Sequence[Exception], *, report: RunReport[Any]) -> Self:
+        self = super().__new__(cls, message, exceptions)
+        self.report = report
+        return self
+
+    def __init__(self, message: str, exceptions: Sequence[Exception], *, report: RunReport[Any]) -> None:
+        super().__init__(message, exceptions)
+
+    def derive(self, excs: Sequence[Exception]) -> RunFailed:  # type: ignore[override]
+        """Keep the type and the report when ``except*`` splits the group."""
+        return RunFailed(self.message, excs, report=self.report)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_run_failed, (self.message, list(self.exceptions), self.report))
+
+
+def _rebuild_run_failed(message: str, exceptions: Sequence[Exception], report: RunReport[Any]) -> RunFailed:
+    return RunFailed(message, exceptions, report=report)
+
+
+class UnitTimeout(BoundedDBError, TimeoutError):
+    """
+    A unit attempt ran longer than the runner's ``timeout``.
+
+    Its transaction was rolled back.
+    On the async runners the unit was cancelled; :class:`~boundeddb.ThreadOffloadRunner`
+    cannot kill a thread, so on PostgreSQL the server stopped the statement
+    (``statement_timeout``), and elsewhere the unit ran to its end and was rolled back.
+    The server's error, if there was one, is the ``__cause__``.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, index: int, timeout: float) -> None:
+        super().__init__(f"unit {index} did not finish within timeout={timeout!r} s")
+        self.index = index
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.index, self.timeout))
+
+
+class UnitMisuseError(BoundedDBError, TypeError):
+    """
+    A unit broke the unit contract, so the batch stopped: the error names the unit and the fix.
+
+    It is raised (whatever ``errors`` says) when a unit is not callable, is of the wrong kind for the
+    runner (``async def`` for :class:`~boundeddb.ThreadOffloadRunner`, a plain function for an async
+    runner), or ended the runner's transaction itself (``session.commit()``, ``rollback()`` or
+    ``close()`` inside the unit): the runner owns the transaction, and cannot promise
+    "all or nothing" for a unit that commits part of its work on its own.
+    Units already in flight finish first, as with any failure.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+class RunnerClosedError(BoundedDBError, RuntimeError):
+    """
+    Work was given to a runner after :meth:`~boundeddb.SemaphoreRunner.aclose`.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+class RunnerBusyElsewhereError(BoundedDBError, RuntimeError):
+    """
+    A runner with units in flight on one event loop was used from another event loop.
+
+    A runner's limit is enforced by primitives of one event loop at a time.
+    Create one runner per event loop (or per thread calling
+    :meth:`~boundeddb.ThreadOffloadRunner.run_sync`), sharing the engine if you like.
+
+    .. versionadded:: 0.1.0
+    """

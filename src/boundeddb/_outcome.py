@@ -1,0 +1,87 @@
+"""The result of one unit (:class:`Outcome`) and of a batch (:class:`RunReport`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Generic
+
+from ._typing import T
+
+if TYPE_CHECKING:
+    from ._stats import RunStats
+
+__all__ = ["Outcome", "RunReport"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """
+    What became of one unit: its value if it committed, its exception if it failed.
+
+    Outcomes are values: frozen, comparable, and safe to keep after the runner is closed.
+
+    .. versionadded:: 0.1.0
+    """
+
+    #: The unit's position in the input (0-based).
+    index: int
+    #: The unit's return value if it committed, else ``None``.
+    value: T | None
+    #: The exception of the unit's last attempt if it failed (its transaction was rolled back),
+    #: else ``None``.
+    error: Exception | None
+    #: Seconds the unit's last attempt ran, from opening its session to closing it.
+    latency_s: float
+    #: Seconds the unit waited for a free slot before it started (summed over attempts).
+    wait_s: float
+    #: How many attempts it took (more than 1 only with a retry policy).
+    attempts: int = 1
+
+    @property
+    def ok(self) -> bool:
+        """``True`` if the unit returned and its transaction committed."""
+        return self.error is None
+
+    def unwrap(self) -> T:
+        """
+        Return the value, or raise the unit's own exception.
+
+        Raises:
+            Exception: the unit's exception, unchanged, if it failed.
+        """
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[return-value]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunReport(Generic[T]):
+    """
+    Everything a batch (``run()`` or ``map()``) did, in input order.
+
+    Every unit the runner pulled from the input has an outcome here:
+    it committed (``ok``) or it failed and was rolled back.
+    Units that were never pulled (after a failure with ``errors="raise"``) have none.
+
+    .. versionadded:: 0.1.0
+    """
+
+    #: One outcome per started unit, in input order (``outcomes[i].index == i``).
+    outcomes: Sequence[Outcome[T]]
+    #: Figures for the whole run.
+    stats: RunStats
+
+    def values(self) -> list[T]:
+        """
+        Return the units' values in input order.
+
+        Raises:
+            Exception: the first failed unit's own exception, if any unit failed.
+        """
+        return [outcome.unwrap() for outcome in self.outcomes]
+
+    @property
+    def failures(self) -> list[Outcome[T]]:
+        """The outcomes of the units that failed, in input order."""
+        return [outcome for outcome in self.outcomes if outcome.error is not None]

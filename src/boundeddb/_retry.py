@@ -1,0 +1,131 @@
+"""RetryPolicy and its default predicate: which errors are worth a fresh transaction, and when."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+
+from sqlalchemy import exc as sa_exc
+
+__all__ = ["RetryPolicy", "is_transient"]
+
+#: PostgreSQL SQLSTATEs that mean "the same transaction may well succeed if run again".
+TRANSIENT_SQLSTATES = frozenset(
+    {
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+    }
+)
+#: MySQL/MariaDB error numbers with the same meaning.
+TRANSIENT_MYSQL_ERRNOS = frozenset(
+    {
+        1213,  # ER_LOCK_DEADLOCK
+        1205,  # ER_LOCK_WAIT_TIMEOUT
+    }
+)
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of a driver error, whichever driver raised it (psycopg2, psycopg, asyncpg)."""
+    for candidate in (error, error.__cause__):
+        if candidate is None:
+            continue
+        for attribute in ("sqlstate", "pgcode"):
+            code = getattr(candidate, attribute, None)
+            if isinstance(code, str):
+                return code
+    return None
+
+
+def is_transient(error: BaseException) -> bool:
+    """
+    Return whether ``error`` is a transient database error, worth retrying in a fresh transaction.
+
+    These are: PostgreSQL serialization failures (SQLSTATE ``40001``) and deadlocks (``40P01``);
+    MySQL/MariaDB deadlocks (1213) and lock wait timeouts (1205);
+    and a connection that was lost or invalidated (:attr:`sqlalchemy.exc.DBAPIError.connection_invalidated`).
+    Nothing else: not constraint violations, not timeouts, not programming errors.
+
+    .. versionadded:: 0.1.0
+    """
+    if isinstance(error, sa_exc.DBAPIError):
+        if error.connection_invalidated:
+            return True
+        orig = error.orig
+        if orig is None:
+            return False
+        if _sqlstate(orig) in TRANSIENT_SQLSTATES:
+            return True
+        args: tuple[object, ...] = getattr(orig, "args", ())
+        return bool(args) and args[0] in TRANSIENT_MYSQL_ERRNOS
+    return False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """
+    When and how often a failed unit is run again, each time in a fresh session and transaction.
+
+    A retry releases the unit's slot while it waits, so a backing-off unit never holds a connection.
+    When the attempts run out, the last attempt's exception goes through unchanged.
+    Delays grow exponentially from ``initial_delay`` by ``multiplier``, capped at ``max_delay``;
+    with ``jitter`` each delay is drawn uniformly from its upper half, so that units that failed
+    together do not retry together.
+
+    Args:
+        attempts: Tries in all, the first included (``1`` means no retry).
+        initial_delay: Seconds before the second attempt.
+        max_delay: The cap on any one delay, in seconds.
+        multiplier: How much each delay grows over the previous one.
+        jitter: Randomise each delay within its upper half.
+        retry_on: Which exceptions to retry; defaults to :func:`is_transient`.
+            Pass your own predicate to widen or narrow it.
+
+    .. versionadded:: 0.1.0
+    """
+
+    attempts: int = 3
+    initial_delay: float = 0.05
+    max_delay: float = 2.0
+    multiplier: float = 2.0
+    jitter: bool = True
+    retry_on: Callable[[Exception], bool] = is_transient
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
+            msg = f"attempts must be an int, got {self.attempts!r}: pass e.g. attempts=3"
+            raise TypeError(msg)
+        if self.attempts < 1:
+            msg = f"attempts must be >= 1 (1 means no retry), got {self.attempts!r}"
+            raise ValueError(msg)
+        for name in ("initial_delay", "max_delay"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                msg = f"{name} must be a number of seconds >= 0, got {value!r}"
+                raise ValueError(msg)
+        if not isinstance(self.multiplier, (int, float)) or self.multiplier < 1:
+            msg = f"multiplier must be a number >= 1, got {self.multiplier!r}"
+            raise ValueError(msg)
+        retry_on: object = self.retry_on
+        if not callable(retry_on):
+            msg = (
+                f"retry_on must be a callable taking the exception and returning a bool, "
+                f"got {self.retry_on!r}"
+            )
+            raise TypeError(msg)
+
+    def should_retry(self, error: Exception, attempt: int) -> bool:
+        """Whether a unit whose attempt number ``attempt`` (1-based) raised ``error`` runs again."""
+        return attempt < self.attempts and bool(self.retry_on(error))
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        ceiling = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
+        if self.jitter:
+            return random.uniform(ceiling / 2, ceiling)
+        return ceiling
+
+
+#: The policy that never retries: the default of every runner.
+NO_RETRY = RetryPolicy(attempts=1)

@@ -1,0 +1,60 @@
+"""SemaphoreRunner: a sliding window of at most ``limit`` async units in flight."""
+
+from __future__ import annotations
+
+from typing import Any, final
+
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from .._retry import RetryPolicy
+from .async_units import AsyncUnitsRunner, check_async_sessions
+from .base import ErrorsMode, bound_engine, resolve_limit
+
+
+@final
+class SemaphoreRunner(AsyncUnitsRunner):
+    """
+    Run async units in a sliding window: a new unit starts as soon as one finishes.
+
+    Never more than ``limit`` units are in flight across all concurrent :meth:`run`, :meth:`map`,
+    :meth:`stream` and :meth:`submit` calls on the same runner, and each holds at most one
+    pooled connection, so ``limit`` is a bound on connections.
+
+    Args:
+        sessions: The :class:`~sqlalchemy.ext.asyncio.async_sessionmaker` each unit's session
+            comes from; it must be bound to one engine.
+        limit: Most units in flight at once. Defaults to the pool's capacity
+            (``pool_size + max_overflow``); above it is a :class:`ValueError`. Required for pools
+            without a fixed capacity, such as :class:`~sqlalchemy.pool.NullPool`.
+        errors: ``"raise"`` to stop at the first failed unit and raise
+            :class:`~boundeddb.RunFailed`, ``"collect"`` to run every unit and report failures
+            as outcomes.
+        retry: Run units that fail with transient errors again; see :class:`~boundeddb.RetryPolicy`.
+        timeout: Seconds each unit attempt may take before it is cancelled and rolled back
+            (:class:`~boundeddb.UnitTimeout`).
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[Any],
+        *,
+        limit: int | None = None,
+        errors: ErrorsMode = "raise",
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        sessions = check_async_sessions(sessions, "SemaphoreRunner")
+        engine = bound_engine(sessions)
+        super().__init__(
+            sessions,
+            limit=resolve_limit("limit", limit, engine, "SemaphoreRunner"),
+            errors=errors,
+            retry=retry,
+            timeout=timeout,
+            engine=engine,
+        )
+
+    async def __aenter__(self) -> SemaphoreRunner:
+        return self

@@ -1,0 +1,309 @@
+"""ThreadOffloadRunner: sync units in worker threads under the runner's own CapacityLimiter."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from functools import partial
+from time import perf_counter
+from typing import Any, final
+
+import anyio
+import anyio.to_thread
+import sniffio
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
+
+from .._errors import UnitTimeout
+from .._outcome import Outcome, RunReport
+from .._retry import RetryPolicy
+from .._typing import ItemT, SyncUnit, T
+from .base import (
+    BaseRunner,
+    BoundItem,
+    ErrorsMode,
+    RunState,
+    UnitMisuse,
+    bound_engine,
+    ended_transaction_message,
+    logger,
+    resolve_limit,
+    units_of,
+)
+
+#: SQLSTATE query_canceled: PostgreSQL's answer to statement_timeout (and to a cancel request).
+_QUERY_CANCELED = "57014"
+
+
+class _Handle:
+    """The DBAPI connection of one unit running in a thread, so that a cancellation can stop it."""
+
+    __slots__ = ("cancelled", "dbapi")
+
+    def __init__(self) -> None:
+        self.dbapi: Any = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Ask the server to stop this unit's statement (called from another thread)."""
+        self.cancelled = True
+        dbapi = self.dbapi
+        if dbapi is None:
+            return
+        for method in ("cancel_safe", "cancel", "interrupt"):  # psycopg 3.2+, psycopg2/3, sqlite3
+            cancel = getattr(dbapi, method, None)
+            if cancel is not None:
+                try:
+                    cancel()
+                except Exception as error:  # the unit may have just finished
+                    logger.debug("cancelling a unit's statement failed: %s", type(error).__qualname__)
+                return
+
+
+def _cancel_all(handles: list[_Handle]) -> None:
+    for handle in handles:
+        handle.cancel()
+
+
+def _close(session: Session) -> None:
+    try:
+        session.close()
+    except Exception as error:
+        logger.warning(
+            "closing a unit's session failed (%s); invalidating its connection",
+            type(error).__qualname__,
+        )
+        session.invalidate()
+
+
+@final
+class ThreadOffloadRunner(BaseRunner[Any]):
+    """
+    Run plain sync units (``def unit(session: Session)``) in worker threads, at most ``limit`` at once.
+
+    Awaiting it from asyncio or trio never blocks the event loop: each unit runs in a worker thread
+    under the runner's own :class:`anyio.CapacityLimiter` (not anyio's process-wide default of 40).
+    Plain sync programs call :meth:`run_sync`.
+    This is the shape that the "threads beat asyncio for CRUD" argument recommends: the driver and
+    the ORM run in threads, with the GIL released during I/O.
+
+    Args:
+        sessions: The :class:`~sqlalchemy.orm.sessionmaker` each unit's session comes from
+            (psycopg, psycopg2, pysqlite, ...); it must be bound to one engine.
+        limit: Most units (threads, connections) in flight at once; defaults to the pool's capacity.
+        errors: ``"raise"`` or ``"collect"``, as for :class:`~boundeddb.SemaphoreRunner`.
+        retry: See :class:`~boundeddb.RetryPolicy`.
+        timeout: Seconds each unit attempt may take. A thread cannot be killed: on PostgreSQL the
+            runner sets ``statement_timeout`` for the unit's transaction, so the server stops a
+            slow statement; on other databases the unit runs to its end. Either way a unit that
+            took longer is rolled back and fails with :class:`~boundeddb.UnitTimeout`, and its slot
+            stays taken until its thread has really finished.
+
+    Cancelling a call cancels the statements in flight (the DBAPI connection's ``cancel()``),
+    waits for the threads to finish, rolls back and returns their connections before the
+    cancellation propagates.
+
+    .. versionadded:: 0.1.0
+    """
+
+    _unit_example = "def unit(session): ..."
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Any],
+        *,
+        limit: int | None = None,
+        errors: ErrorsMode = "raise",
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self._check_sessions(sessions)
+        engine = bound_engine(sessions)
+        super().__init__(
+            sessions,
+            limit=resolve_limit("limit", limit, engine, "ThreadOffloadRunner"),
+            errors=errors,
+            retry=retry,
+            timeout=timeout,
+            engine=engine,
+        )
+        self._statement_timeout = engine.dialect.name == "postgresql" and self._timeout is not None
+
+    @staticmethod
+    def _check_sessions(sessions: object) -> None:
+        is_async = isinstance(sessions, async_sessionmaker) or (
+            isinstance(sessions, sessionmaker)
+            and isinstance(sessions.class_, type)
+            and issubclass(sessions.class_, AsyncSession)
+        )
+        if is_async:
+            msg = (
+                "ThreadOffloadRunner runs sync units in threads and needs a sync sessionmaker, "
+                "got an async_sessionmaker: pass sessionmaker(create_engine(url)) "
+                "(e.g. postgresql+psycopg), or use SemaphoreRunner for async units"
+            )
+            raise TypeError(msg)
+        if not isinstance(sessions, sessionmaker):
+            msg = (
+                f"sessions must be a sqlalchemy.orm.sessionmaker, got {type(sessions).__name__}: "
+                "pass sessionmaker(create_engine(url))"
+            )
+            raise TypeError(msg)
+
+    async def __aenter__(self) -> ThreadOffloadRunner:
+        return self
+
+    def __enter__(self) -> ThreadOffloadRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Refuse new work from now on (the sync twin of :meth:`aclose`)."""
+        self._closed = True
+
+    # -- the per-unit path ------------------------------------------------------------------------
+
+    def _check_unit(self, unit: object, index: int) -> None:
+        super()._check_unit(unit, index)
+        fn = unit.fn if isinstance(unit, BoundItem) else unit
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None)  # noqa: B004 -- async callables objects too
+        ):
+            msg = (
+                f"unit {index} is an async function: ThreadOffloadRunner runs plain "
+                "`def unit(session: Session)` in worker threads; run async units with SemaphoreRunner"
+            )
+            raise UnitMisuse(msg)
+
+    async def _attempt(self, unit: Any, index: int, state: RunState) -> Any:
+        handle = _Handle()
+        state.handles.add(handle)
+        binding = self._binding
+        assert binding is not None
+        try:
+            return await anyio.to_thread.run_sync(
+                self._in_thread, unit, index, handle, limiter=binding.thread_limiter
+            )
+        finally:
+            state.handles.discard(handle)
+
+    def _in_thread(self, unit: Any, index: int, handle: _Handle) -> Any:
+        session: Session = self._sessions()
+        try:
+            transaction = session.begin()
+            connection = session.connection()
+            if self._statement_timeout:
+                milliseconds = max(1, round(self._timeout * 1000))  # type: ignore[operator]
+                connection.exec_driver_sql(f"SET LOCAL statement_timeout = {milliseconds}")
+            handle.dbapi = connection.connection.dbapi_connection
+            if handle.cancelled:
+                raise anyio.get_cancelled_exc_class()()  # pragma: no cover - narrow race
+            started = perf_counter()
+            try:
+                value = unit(session)
+            except sa_exc.DBAPIError as error:
+                if self._statement_timeout and not handle.cancelled and _is_query_canceled(error):
+                    raise UnitTimeout(index, self._timeout) from error  # type: ignore[arg-type]
+                raise
+            if inspect.isawaitable(value):
+                if inspect.iscoroutine(value):
+                    value.close()
+                msg = (
+                    f"unit {index} returned an awaitable: ThreadOffloadRunner runs plain "
+                    "`def unit(session: Session)`; run async units with SemaphoreRunner"
+                )
+                raise UnitMisuse(msg)
+            if not transaction.is_active:
+                raise UnitMisuse(ended_transaction_message(index))
+            if self._timeout is not None and perf_counter() - started > self._timeout:
+                raise UnitTimeout(index, self._timeout)
+            session.commit()
+            return value
+        finally:
+            handle.dbapi = None
+            _close(session)
+
+    def _on_cancel_statements(self, state: RunState) -> Callable[[], Awaitable[None]] | None:
+        async def cancel_statements() -> None:
+            handles = list(state.handles)
+            if handles:
+                await anyio.to_thread.run_sync(_cancel_all, handles)
+
+        return cancel_statements
+
+    # -- the public verbs ---------------------------------------------------------------------------
+
+    async def run(self, units: Iterable[SyncUnit[T]] | AsyncIterable[SyncUnit[T]]) -> RunReport[T]:
+        """
+        Run every unit in a worker thread, each in its own session and transaction.
+
+        Behaves as :meth:`boundeddb.SemaphoreRunner.run` does (lazy input, input order, errors,
+        cancellation), with ``def unit(session: Session) -> T`` units; works under asyncio and trio.
+        """
+        return await self._run_units(units)
+
+    async def map(
+        self,
+        fn: Callable[[Session, ItemT], T],
+        items: Iterable[ItemT] | AsyncIterable[ItemT],
+    ) -> RunReport[T]:
+        """Run ``fn(session, item)`` for every item in worker threads, as :meth:`run` does."""
+        return await self._run_units(units_of(fn, items, "ThreadOffloadRunner"))
+
+    async def stream(
+        self, units: Iterable[SyncUnit[T]] | AsyncIterable[SyncUnit[T]]
+    ) -> AsyncIterator[Outcome[T]]:
+        """
+        Yield each unit's :class:`~boundeddb.Outcome` as it finishes, in O(limit) memory.
+
+        As :meth:`boundeddb.SemaphoreRunner.stream`. Under trio, close the stream promptly if you
+        break out early (``async with contextlib.aclosing(runner.stream(units)) as outcomes:``).
+        """
+        async for outcome in self._stream_units(units):
+            yield outcome
+
+    async def submit(self, unit: SyncUnit[T]) -> T:
+        """
+        Run one sync unit in a worker thread under the runner's shared limit, and return its value.
+
+        Raises:
+            Exception: the unit's own exception, unchanged.
+        """
+        result: T = await self._submit_unit(unit)
+        return result
+
+    def run_sync(self, units: Iterable[SyncUnit[T]]) -> RunReport[T]:
+        """
+        Run every unit from plain sync code, as :meth:`run` does, and return the report.
+
+        It runs a private event loop in the calling thread for the duration of the call.
+        Ctrl-C (:exc:`KeyboardInterrupt`) cancels the statements in flight, rolls back and returns
+        every connection before it propagates. The stats carry no loop lag (no loop of yours ran).
+
+        Raises:
+            RuntimeError: if called from async code; ``await runner.run(units)`` there instead.
+        """
+        try:
+            library = sniffio.current_async_library()
+        except sniffio.AsyncLibraryNotFoundError:
+            pass
+        else:
+            msg = (
+                f"run_sync() was called from async code ({library}), where it would block the event "
+                "loop: use `await runner.run(units)` instead"
+            )
+            raise RuntimeError(msg)
+        report: RunReport[T] = anyio.run(partial(self._run_units, units, measure_loop_lag=False))
+        return report
+
+
+def _is_query_canceled(error: sa_exc.DBAPIError) -> bool:
+    orig = error.orig
+    return any(
+        getattr(candidate, attribute, None) == _QUERY_CANCELED
+        for candidate in (orig, getattr(orig, "__cause__", None))
+        for attribute in ("sqlstate", "pgcode")
+    )
