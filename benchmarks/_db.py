@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,12 +125,17 @@ def _answers(url: URL) -> str | None:
 
 def _embedded() -> Database:
     """Start a throw-away PostgreSQL from the pgserver wheel in a temporary directory."""
-    import pgserver  # only needed when no server answers
+    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        import pgserver  # only needed when no server answers
 
     pgdata = tempfile.mkdtemp(prefix="boundeddb-bench-pg-")
-    server = pgserver.get_server(pgdata, cleanup_mode="delete")
+    server = pgserver.get_server(pgdata, cleanup_mode="delete")  # type: ignore[attr-defined]
     atexit.register(server.cleanup)
-    return Database(url=make_url(server.get_uri()), source="embedded pgserver", _embedded=server)
+    url = make_url(server.get_uri())
+    if not url.password:
+        url = url.set(password=None)
+    return Database(url=url, source=f"embedded pgserver in {pgdata}", _embedded=server)
 
 
 def resolve(*, embedded: bool = False) -> Database:

@@ -154,6 +154,7 @@ class Sampler(threading.Thread):
         self.series: list[tuple[float, int]] = []
         self.backend_cpu: dict[int, float] = {}
         self.rss0 = self.rss_peak = self_rss()
+        self.error: str | None = None
 
     def sample(self) -> None:
         rows = self._conn.execute(
@@ -170,13 +171,21 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.wait(SAMPLE_INTERVAL_S):
-            self.sample()
+            try:
+                self.sample()
+            except Exception as exc:  # a lost sampler must not lose the scenario's measurement
+                self.error = f"sampler stopped: {type(exc).__name__}: {exc}"[:200]
+                return
 
     def finish(self) -> None:
         """Stop, then take one last sample while the scenario's connections are still open."""
         self._stop_event.set()
         self.join()
-        self.sample()
+        if self.error is None:
+            try:
+                self.sample()
+            except Exception as exc:
+                self.error = f"sampler stopped: {type(exc).__name__}: {exc}"[:200]
         self._conn.close()
 
     def server_cpu(self) -> float | None:
@@ -271,6 +280,8 @@ class Probe:
         m.peak_connections = max((c for _, c in m.connections), default=0)
         m.server_cpu_s = self._sampler.server_cpu()
         m.rss_growth_mb = (self._sampler.rss_peak - self._sampler.rss0) / 2**20
+        if self._sampler.error:
+            m.extra["sampler_error"] = self._sampler.error
         m.p50_s = percentile(self.latencies, 0.50)
         m.p99_s = percentile(self.latencies, 0.99)
         m.max_s = max(self.latencies, default=None)

@@ -52,6 +52,11 @@ async def _main(ctx: Context) -> None:
     try:
         label = f"async-unbounded (pool {pool_size})"
         probe = Probe(ctx, "async-unbounded", label, total=len(ctx.ops), app_name=app, config=config)
+        probe.m.extra["note"] = (
+            f"the post's pool had 3,000 slots; this server has max_connections={ctx.db.max_connections}, "
+            f"so the pool is {pool_size} (just under what was free), with a {POOL_TIMEOUT_S} s checkout "
+            "timeout so that queued tasks wait instead of failing"
+        )
         async with probe as p:
             tasks = []
             for op in ctx.ops:

@@ -49,6 +49,7 @@ async def _async(ctx: Context) -> None:
 
     try:
         probe = Probe(ctx, "hand-rolled", label, total=len(ctx.ops), app_name=app, config=config)
+        probe.m.extra["note"] = "a task per op behind asyncio.Semaphore(L), AsyncSession, asyncpg"
         async with probe as p:
             tasks = [asyncio.create_task(one(sessions, op, p)) for op in ctx.ops]
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -77,6 +78,7 @@ def _threads(ctx: Context) -> None:
 
     try:
         probe = Probe(ctx, "hand-rolled-threads", label, total=len(ctx.ops), app_name=app, config=config)
+        probe.m.extra["note"] = f"ThreadPoolExecutor(L).map with a Session per op, {THREADS_DRIVER}, no loop"
         with probe as p, ThreadPoolExecutor(limit, thread_name_prefix="hand-rolled") as pool:
             p.latencies = list(pool.map(one, [sessions] * len(ctx.ops), ctx.ops, [p] * len(ctx.ops)))
     finally:

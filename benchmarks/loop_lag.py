@@ -12,8 +12,9 @@ Starlette app, served by uvicorn in this process on a free loopback port, has ``
 * ``thread-offload-submit``: ``await ThreadOffloadRunner.submit(unit)`` (psycopg).
 
 Every variant's engine has a pool of L (``--limit``) connections.  A load generator in a separate
-process (``_loadgen.py``, httpx) keeps 50 DB requests in flight and sends one ``/ping`` every
-20 ms; its ``/ping`` latencies, the DB requests/s and the server's loop lag are reported.
+process (``_loadgen.py``, httpx) keeps 50 DB requests in flight, and a pinger in another
+process sends one ``/ping`` at a time, 20 ms apart; the ``/ping`` latencies, the DB requests/s
+and the server's loop lag are reported.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from starlette.routing import Route
 
 from boundeddb import SemaphoreRunner, ThreadOffloadRunner
 
-from ._harness import Context, Probe, percentile
+from ._harness import Context, Measurement, Probe, percentile
 from ._workload import async_unit, op_async, op_sync, sync_unit
 
 VARIANTS = ("inline", "threadpool", "semaphore-submit", "thread-offload-submit")
@@ -150,49 +151,80 @@ async def _serve_and_load(
         "requests": requests,
         "server": "uvicorn (in-process) + Starlette",
     }
-    child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        probe = Probe(
-            ctx,
-            "loop-lag",
-            label,
-            total=requests,
-            app_name=app_name,
-            group="loop-lag",
-            config=config_out,
-        )
-        async with probe as p:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                str(LOADGEN),
-                f"http://127.0.0.1:{port}",
-                str(requests),
-                str(CONCURRENCY),
-                str(len(ctx.ops)),
-                stdout=asyncio.subprocess.PIPE,
-            )
-            out, _ = await proc.communicate()
-            if proc.returncode:
-                raise RuntimeError(f"load generator exited with {proc.returncode}")
-            result = json.loads(out)
-            p.latencies = result["db_latencies"]
-            p.failed = result["errors"]
-            p.done = result["db_ok"]
-        child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        m = probe.m
-        if m.error is not None:
-            return
-        ping = result["ping_latencies"]
-        m.ops_per_s = result["db_ok"] / result["elapsed_s"] if result["elapsed_s"] else None
-        m.extra.update(
-            ping_count=len(ping),
-            ping_p50_s=percentile(ping, 0.5),
-            ping_p99_s=percentile(ping, 0.99),
-            ping_max_s=max(ping, default=None),
-            loadgen_elapsed_s=result["elapsed_s"],
-            loadgen_cpu_s=(child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime),
-            first_error=result["first_error"],
-        )
+        await _load(ctx, f"http://127.0.0.1:{port}", label, app_name, config_out)
     finally:
         server.should_exit = True
         await serving
+
+
+async def _load(ctx: Context, base: str, label: str, app_name: str, config: dict[str, Any]) -> None:
+    """Run the pinger and the load generator against ``base`` inside a Probe."""
+    requests = config["requests"]
+    child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    pinger = await _spawn("ping", base)
+    loadgen = await _spawn("db", base, str(requests), str(CONCURRENCY), str(len(ctx.ops)))
+    try:
+        await _ready(pinger)
+        await _ready(loadgen)
+        probe = Probe(
+            ctx, "loop-lag", label, total=requests, app_name=app_name, group="loop-lag", config=config
+        )
+        async with probe as p:
+            for proc in (pinger, loadgen):
+                assert proc.stdin is not None
+                proc.stdin.write(b"go\n")
+                await proc.stdin.drain()
+            result = await _result(loadgen)
+            p.latencies = result["db_latencies"]
+            p.failed = result["errors"]
+            p.done = result["db_ok"]
+        assert pinger.stdin is not None
+        pinger.stdin.close()
+        if probe.m.error is None:
+            pings = await _result(pinger)
+            child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            child_cpu = child1.ru_utime + child1.ru_stime - child0.ru_utime - child0.ru_stime
+            _summarise(probe.m, result, pings, child_cpu)
+    finally:
+        for proc in (pinger, loadgen):
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def _spawn(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, str(LOADGEN), *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+
+
+async def _ready(proc: asyncio.subprocess.Process) -> None:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    if line.strip() != b"ready":
+        raise RuntimeError(f"load generator did not start: {line!r}")
+
+
+async def _result(proc: asyncio.subprocess.Process) -> dict[str, Any]:
+    assert proc.stdout is not None
+    out = await proc.stdout.read()
+    if await proc.wait():
+        raise RuntimeError(f"load generator exited with {proc.returncode}")
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def _summarise(m: Measurement, result: dict[str, Any], pings: dict[str, Any], child_cpu: float) -> None:
+    ping = pings["ping_latencies"]
+    m.ops_per_s = result["db_ok"] / result["elapsed_s"] if result["elapsed_s"] else None
+    m.extra.update(
+        ping_count=len(ping),
+        ping_p50_s=percentile(ping, 0.5),
+        ping_p99_s=percentile(ping, 0.99),
+        ping_max_s=max(ping, default=None),
+        ping_errors=pings["errors"],
+        loadgen_elapsed_s=result["elapsed_s"],
+        loadgen_cpu_s=child_cpu,
+        first_error=result["first_error"] or pings["first_error"],
+    )

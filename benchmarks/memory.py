@@ -11,12 +11,14 @@ benchmark itself does not grow.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Iterator
 from typing import Any
 
-from boundeddb import SemaphoreRunner
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from boundeddb import SemaphoreRunner
 
 from ._harness import Context, Probe, Reservoir
 
@@ -44,6 +46,7 @@ async def _main(ctx: Context) -> None:
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     config = {"driver": "asyncpg", "limit": limit, "pool_size": limit, "units": n}
     reservoir = Reservoir(seed=ctx.seed)
+    gc.collect()
     try:
         async with (
             SemaphoreRunner(sessions, limit=limit, errors="collect") as runner,

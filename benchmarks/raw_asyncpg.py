@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 
 from ._harness import Context, Probe
 from ._workload import RAW_INSERT_A, RAW_INSERT_B, RAW_READ_A, Op, raw_read_b

@@ -25,7 +25,9 @@ def run(ctx: Context) -> None:
     config = {"driver": DRIVER, "pool_size": 1, "max_overflow": 0, "concurrency": 1}
     latencies: list[float] = []
     try:
-        with Probe(ctx, "sync", "sync", total=len(ctx.ops), app_name=app, config=config) as p:
+        probe = Probe(ctx, "sync", "sync", total=len(ctx.ops), app_name=app, config=config)
+        probe.m.extra["note"] = "psycopg2 and one op at a time, as in the post"
+        with probe as p:
             p.latencies = latencies
             for op in ctx.ops:
                 start = time.perf_counter()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -36,6 +37,25 @@ def check_async_sessions(sessions: object, runner: str) -> Any:
     raise TypeError(msg)
 
 
+async def _cancel_once(body: asyncio.Future[Any]) -> Any:
+    """
+    Await a unit's body; if we are cancelled, cancel the body exactly once and wait for it.
+
+    anyio cancels level-triggered: it would cancel SQLAlchemy's own clean-up of an interrupted
+    statement again and again, so that asyncpg aborts the socket before its CancelRequest reaches
+    the server, and the statement runs on there. One plain cancellation lets SQLAlchemy and asyncpg
+    stop the statement on the server and close the connection properly.
+    """
+    try:
+        return await asyncio.shield(body)
+    except BaseException:
+        if not body.done():
+            body.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait({body})
+        raise
+
+
 async def close_session(session: AsyncSession) -> None:
     """Roll back whatever is open and return the connection; never let clean-up fail silently."""
     with anyio.CancelScope(shield=True):
@@ -55,28 +75,30 @@ class AsyncUnitsRunner(BaseRunner[Any]):
     async def _attempt(self, unit: Any, index: int, state: RunState) -> Any:
         session: AsyncSession = self._sessions()
         try:
-            transaction = session.sync_session.begin()  # no I/O: the connection comes when needed
-            result = unit(session)
-            if not inspect.isawaitable(result):
-                msg = (
-                    f"unit {index} returned {type(result).__name__}, not an awaitable: "
-                    f"{type(self).__name__} runs `async def unit(session: AsyncSession)`; "
-                    "run plain functions with ThreadOffloadRunner"
-                )
-                raise UnitMisuse(msg)
+            body = asyncio.ensure_future(self._body(session, unit, index))
             if self._timeout is None:
-                value = await result
-            else:
-                with anyio.move_on_after(self._timeout) as scope:
-                    value = await result
-                if scope.cancelled_caught:
-                    raise UnitTimeout(index, self._timeout)
-            if not transaction.is_active:
-                raise UnitMisuse(ended_transaction_message(index))
-            await session.commit()
-            return value
+                return await _cancel_once(body)
+            with anyio.move_on_after(self._timeout) as scope:
+                return await _cancel_once(body)
+            raise UnitTimeout(index, self._timeout)
         finally:
             await close_session(session)
+
+    async def _body(self, session: AsyncSession, unit: Any, index: int) -> Any:
+        transaction = session.sync_session.begin()  # no I/O: the connection comes when needed
+        result = unit(session)
+        if not inspect.isawaitable(result):
+            msg = (
+                f"unit {index} returned {type(result).__name__}, not an awaitable: "
+                f"{type(self).__name__} runs `async def unit(session: AsyncSession)`; "
+                "run plain functions with ThreadOffloadRunner"
+            )
+            raise UnitMisuse(msg)
+        value = await result
+        if not transaction.is_active:
+            raise UnitMisuse(ended_transaction_message(index))
+        await session.commit()
+        return value
 
     async def run(self, units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]]) -> RunReport[T]:
         """
@@ -117,9 +139,9 @@ class AsyncUnitsRunner(BaseRunner[Any]):
         """
         return await self._run_units(units_of(fn, items, type(self).__name__))
 
-    async def stream(
+    def stream(
         self, units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]]
-    ) -> AsyncIterator[Outcome[T]]:
+    ) -> AsyncGenerator[Outcome[T], None]:
         """
         Run the units as :meth:`run` does, yielding each :class:`~boundeddb.Outcome` as it finishes.
 
@@ -133,8 +155,7 @@ class AsyncUnitsRunner(BaseRunner[Any]):
                 were in flight with it; its report holds only the failed outcomes (the stream keeps
                 no others).
         """
-        async for outcome in self._stream_units(units):
-            yield outcome
+        return self._stream_units(units)
 
     async def submit(self, unit: AsyncUnit[T]) -> T:
         """

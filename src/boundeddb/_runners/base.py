@@ -461,7 +461,9 @@ class BaseRunner(Generic[MakerT]):
         _raise_for_state(state, report, self._errors)
         return report
 
-    async def _stream_units(self, units: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Outcome[Any]]:
+    async def _stream_units(
+        self, units: Iterable[Any] | AsyncIterable[Any]
+    ) -> AsyncGenerator[Outcome[Any], None]:
         units = _checked_iterable(units, "units")
         if isinstance(units, (list, tuple)):
             for index, unit in enumerate(units):
@@ -649,10 +651,13 @@ class _background:
                 await asyncio.wait({task})
             if not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
+        elif exc_info[0] is None:
+            await self._group.__aexit__(None, None, None)
         else:
-            if exc_info[0] is not None:
-                self._group.cancel_scope.cancel()
-            await self._group.__aexit__(*exc_info)
+            # The consumer left (GeneratorExit) or failed: stop the producer, then let the
+            # consumer's exception go on as it was, not wrapped in the task group's own.
+            self._group.cancel_scope.cancel()
+            await self._group.__aexit__(None, None, None)
 
 
 def ended_transaction_message(index: int) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
 from functools import partial
 from time import perf_counter
 from typing import Any, final
@@ -253,17 +253,16 @@ class ThreadOffloadRunner(BaseRunner[Any]):
         """Run ``fn(session, item)`` for every item in worker threads, as :meth:`run` does."""
         return await self._run_units(units_of(fn, items, "ThreadOffloadRunner"))
 
-    async def stream(
+    def stream(
         self, units: Iterable[SyncUnit[T]] | AsyncIterable[SyncUnit[T]]
-    ) -> AsyncIterator[Outcome[T]]:
+    ) -> AsyncGenerator[Outcome[T], None]:
         """
         Yield each unit's :class:`~boundeddb.Outcome` as it finishes, in O(limit) memory.
 
         As :meth:`boundeddb.SemaphoreRunner.stream`. Under trio, close the stream promptly if you
         break out early (``async with contextlib.aclosing(runner.stream(units)) as outcomes:``).
         """
-        async for outcome in self._stream_units(units):
-            yield outcome
+        return self._stream_units(units)
 
     async def submit(self, unit: SyncUnit[T]) -> T:
         """

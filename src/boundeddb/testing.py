@@ -1,0 +1,117 @@
+"""
+Helpers for testing code that uses boundeddb against a real PostgreSQL.
+
+:func:`postgres` finds a server the way boundeddb's own tests and benchmarks do:
+the URL in an environment variable if it is set, else a local server if one answers,
+else an embedded PostgreSQL started from the ``pgserver`` wheel in a temporary directory
+(``pip install pgserver``), so that a machine with only Python can run the tests.
+
+.. versionadded:: 0.1.0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+from sqlalchemy.engine import URL, make_url
+
+__all__ = ["PostgresServer", "driver_url", "postgres"]
+
+#: The drivers boundeddb knows how to derive URLs for.
+Driver = Literal["asyncpg", "psycopg", "psycopg2"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PostgresServer:
+    """
+    A PostgreSQL server that answered, and where it came from.
+
+    .. versionadded:: 0.1.0
+    """
+
+    #: The server's URL, without a driver (``postgresql://...``); use :func:`driver_url`.
+    url: URL
+    #: ``"env"`` (the environment variable), ``"local"`` (the default URL answered)
+    #: or ``"embedded"`` (a pgserver started for this process).
+    source: Literal["env", "local", "embedded"]
+
+    def describe(self) -> str:
+        """A line for logs and reports, with the password hidden."""
+        return f"{self.url.render_as_string(hide_password=True)} ({self.source})"
+
+
+def driver_url(url: URL | str, driver: Driver) -> URL:
+    """Return ``url`` with its driver set to ``driver`` (``postgresql+asyncpg://...``)."""
+    return make_url(url).set(drivername=f"postgresql+{driver}")
+
+
+def _answers(url: URL, timeout: float = 3.0) -> bool:
+    """Whether a PostgreSQL server accepts a connection at ``url`` (tried with asyncpg)."""
+    import asyncpg
+
+    async def probe() -> None:
+        connection = await asyncpg.connect(
+            host=url.host or url.query.get("host"),
+            port=url.port,
+            user=url.username,
+            password=url.password,
+            database=url.database,
+            timeout=timeout,
+        )
+        await connection.close()
+
+    try:
+        asyncio.run(probe())
+    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        return False
+    return True
+
+
+@contextmanager
+def postgres(
+    default: str = "postgresql://postgres@127.0.0.1:5432/test",
+    *,
+    env_var: str = "BOUNDEDDB_TEST_DATABASE_URL",
+) -> Iterator[PostgresServer]:
+    """
+    Yield a PostgreSQL server that answers: ``$env_var``, else ``default``, else an embedded one.
+
+    The embedded server (from the ``pgserver`` wheel) lives in a temporary directory and is
+    stopped and removed when the context exits.
+
+    Raises:
+        RuntimeError: if nothing answers and ``pgserver`` is not installed.
+
+    .. versionadded:: 0.1.0
+    """
+    configured = os.environ.get(env_var)
+    if configured:
+        url = make_url(configured).set(drivername="postgresql")
+        yield PostgresServer(url, "env")
+        return
+    url = make_url(default)
+    if _answers(url):
+        yield PostgresServer(url, "local")
+        return
+    try:
+        import pgserver  # type: ignore[import-untyped]
+    except ImportError as error:
+        msg = (
+            f"no PostgreSQL answers at {url.render_as_string(hide_password=True)} and pgserver is "
+            f"not installed: start a server, set {env_var}, or `pip install pgserver`"
+        )
+        raise RuntimeError(msg) from error
+    with tempfile.TemporaryDirectory(prefix="boundeddb-pg-") as directory, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR as root
+        server = pgserver.get_server(directory, cleanup_mode="delete")
+        try:
+            yield PostgresServer(make_url(server.get_uri()), "embedded")
+        finally:
+            server.cleanup()

@@ -1,0 +1,209 @@
+"""Fixtures: a real PostgreSQL (a schema per test run), SQLite files, engines, probes."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Column, Integer, String, create_engine, text
+from sqlalchemy.engine import URL, Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, sessionmaker
+
+from boundeddb.testing import PostgresServer, driver_url, postgres
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Item(Base):
+    """A row per unit: ``key`` is unique, so a unit that commits twice shows up as an error."""
+
+    __tablename__ = "items"
+    id = Column(Integer, primary_key=True)
+    key = Column(String, unique=True, nullable=False)
+    unit = Column(Integer)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    with postgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pg_schema(pg_server: PostgresServer) -> Iterator[str]:
+    """A schema of this test run's own, dropped at the end."""
+    schema = f"bdb_{os.getpid()}_{secrets.token_hex(3)}"
+    admin = create_engine(driver_url(pg_server.url, "psycopg"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE SCHEMA {schema}"))
+    try:
+        yield schema
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
+
+
+@pytest.fixture
+def app_name() -> str:
+    """A unique application_name, so a probe can count this test's backends and nothing else."""
+    return f"bdbt-{secrets.token_hex(4)}"
+
+
+def _sync_connect_args(schema: str, app: str) -> dict[str, Any]:
+    return {"options": f"-c search_path={schema}", "application_name": app}
+
+
+@pytest.fixture
+def pg_url(pg_server: PostgresServer) -> URL:
+    return pg_server.url
+
+
+@pytest.fixture
+async def make_async_engine(pg_server: PostgresServer, pg_schema: str, app_name: str) -> AsyncIterator[Any]:
+    engines: list[AsyncEngine] = []
+
+    def make(**pool: Any) -> AsyncEngine:
+        pool.setdefault("pool_size", 10)
+        pool.setdefault("max_overflow", 0)
+        engine = create_async_engine(
+            driver_url(pg_server.url, "asyncpg"),
+            connect_args={"server_settings": {"search_path": pg_schema, "application_name": app_name}},
+            **pool,
+        )
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        await engine.dispose()
+
+
+@pytest.fixture
+def make_sync_engine(pg_server: PostgresServer, pg_schema: str, app_name: str) -> Iterator[Any]:
+    engines: list[Engine] = []
+
+    def make(driver: str = "psycopg", **pool: Any) -> Engine:
+        pool.setdefault("pool_size", 10)
+        pool.setdefault("max_overflow", 0)
+        engine = create_engine(
+            driver_url(pg_server.url, driver),  # type: ignore[arg-type]
+            connect_args=_sync_connect_args(pg_schema, app_name),
+            **pool,
+        )
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.dispose()
+
+
+@pytest.fixture
+def admin(pg_server: PostgresServer, pg_schema: str) -> Iterator[Engine]:
+    """A separate psycopg engine for looking at the server from outside the runner."""
+    engine = create_engine(
+        driver_url(pg_server.url, "psycopg"),
+        isolation_level="AUTOCOMMIT",
+        connect_args=_sync_connect_args(pg_schema, "bdbt-admin"),
+        pool_size=2,
+    )
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def items_table(admin: Engine) -> Iterator[None]:
+    Base.metadata.drop_all(admin)
+    Base.metadata.create_all(admin)
+    yield
+    Base.metadata.drop_all(admin)
+
+
+def backends(admin: Engine, app: str, *, state_like: str = "%") -> int:
+    with admin.connect() as connection:
+        return int(
+            connection.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE application_name = :app AND coalesce(state, '') LIKE :state"
+                ),
+                {"app": app, "state": state_like},
+            ).scalar_one()
+        )
+
+
+def idle_in_transaction(admin: Engine, app: str) -> int:
+    return backends(admin, app, state_like="idle in transaction%")
+
+
+def committed_units(admin: Engine) -> list[int]:
+    with admin.connect() as connection:
+        return sorted(connection.execute(text("SELECT unit FROM items")).scalars())
+
+
+class ActivitySampler:
+    """Counts the test's backends in pg_stat_activity from its own connection, every 10 ms."""
+
+    def __init__(self, admin: Engine, app: str) -> None:
+        self._admin = admin
+        self._app = app
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        query = text(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = :app AND backend_type = 'client backend'"
+        )
+        with self._admin.connect() as connection:
+            while not self._stop.is_set():
+                count = int(connection.execute(query, {"app": self._app}).scalar_one())
+                self.peak = max(self.peak, count)
+                self.samples += 1
+                self._stop.wait(0.01)
+
+    def __enter__(self) -> ActivitySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture
+def sampler(admin: Engine, app_name: str) -> ActivitySampler:
+    return ActivitySampler(admin, app_name)
+
+
+@pytest.fixture
+def sqlite_path(tmp_path: Path) -> Path:
+    return tmp_path / "boundeddb.sqlite3"
+
+
+@pytest.fixture
+async def sqlite_async(sqlite_path: Path) -> AsyncIterator[async_sessionmaker[Any]]:
+    engine = create_async_engine(f"sqlite+aiosqlite:///{sqlite_path}", pool_size=4, max_overflow=0)
+    async with engine.begin() as connection:
+        await connection.run_sync(Base.metadata.create_all)
+    yield async_sessionmaker(engine)
+    await engine.dispose()
+
+
+@pytest.fixture
+def sqlite_sync(sqlite_path: Path) -> Iterator[sessionmaker[Any]]:
+    engine = create_engine(f"sqlite:///{sqlite_path}", pool_size=4, max_overflow=0)
+    Base.metadata.create_all(engine)
+    yield sessionmaker(engine)
+    engine.dispose()

@@ -1,0 +1,188 @@
+"""One set of unit factories per runner kind, so that one contract runs against every runner."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.from_thread
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
+
+from boundeddb import ChunkedRunner, SemaphoreRunner, ThreadOffloadRunner
+from tests.conftest import Item
+
+#: (runner kind, anyio backend): the async runners need asyncio (asyncpg, AsyncSession);
+#: the thread runner works under trio too.
+CASES = [
+    ("semaphore", "asyncio"),
+    ("chunked", "asyncio"),
+    ("threads-psycopg", "asyncio"),
+    ("threads-psycopg", "trio"),
+    ("threads-psycopg2", "asyncio"),
+]
+CASE_IDS = [f"{kind}-{backend}" for kind, backend in CASES]
+
+
+class Boom(Exception):
+    """A unit's own failure."""
+
+
+class StartGate:
+    """Lets a test wait, without sleeping, until ``n`` units have started (from any thread)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.started = 0
+        self._lock = threading.Lock()
+        self.event = anyio.Event()
+
+    def arrive(self, *, from_thread: bool) -> None:
+        with self._lock:
+            self.started += 1
+            reached = self.started == self.n
+        if reached:
+            if from_thread:
+                anyio.from_thread.run_sync(self.event.set)
+            else:
+                self.event.set()
+
+
+class Kit:
+    """Builds a runner of one kind and units of the matching shape."""
+
+    def __init__(self, kind: str, make_async_engine: Any, make_sync_engine: Any) -> None:
+        self.kind = kind
+        self.is_async = not kind.startswith("threads")
+        self._make_async_engine = make_async_engine
+        self._make_sync_engine = make_sync_engine
+        self.engine: Any = None
+
+    def runner(self, limit: int = 5, *, pool_size: int | None = None, **options: Any) -> Any:
+        pool_size = pool_size or limit
+        if self.is_async:
+            self.engine = self._make_async_engine(pool_size=pool_size, **_pool_timeout(options))
+            sessions: Any = async_sessionmaker(self.engine)
+            if self.kind == "chunked":
+                return ChunkedRunner(sessions, chunk_size=limit, **options)
+            return SemaphoreRunner(sessions, limit=limit, **options)
+        driver = self.kind.removeprefix("threads-")
+        self.engine = self._make_sync_engine(driver, pool_size=pool_size, **_pool_timeout(options))
+        return ThreadOffloadRunner(sessionmaker(self.engine), limit=limit, **options)
+
+    @property
+    def pool(self) -> Any:
+        return self.engine.sync_engine.pool if self.is_async else self.engine.pool
+
+    # -- units --------------------------------------------------------------------------------------
+
+    def insert(self, i: int, *, fail: bool = False, sleep: float = 0.0) -> Callable[[Any], Any]:
+        """A unit that inserts row ``i`` (and optionally sleeps on the server, then fails)."""
+        if self.is_async:
+
+            async def unit(session: AsyncSession) -> int:
+                session.add(Item(key=f"k{i}", unit=i))
+                await session.flush()
+                if sleep:
+                    await session.execute(text("SELECT pg_sleep(CAST(:s AS float))"), {"s": sleep})
+                if fail:
+                    raise Boom(i)
+                return i
+
+            return unit
+
+        def sync_unit(session: Session) -> int:
+            session.add(Item(key=f"k{i}", unit=i))
+            session.flush()
+            if sleep:
+                session.execute(text("SELECT pg_sleep(CAST(:s AS float))"), {"s": sleep})
+            if fail:
+                raise Boom(i)
+            return i
+
+        return sync_unit
+
+    def select(self, value: int) -> Callable[[Any], Any]:
+        """A unit that asks the server for ``value`` back."""
+        if self.is_async:
+
+            async def unit(session: AsyncSession) -> int:
+                return int(
+                    (await session.execute(text("SELECT CAST(:v AS integer)"), {"v": value})).scalar_one()
+                )
+
+            return unit
+
+        def sync_unit(session: Session) -> int:
+            return int(session.execute(text("SELECT CAST(:v AS integer)"), {"v": value}).scalar_one())
+
+        return sync_unit
+
+    def sleep_then_insert(self, i: int, seconds: float, gate: StartGate) -> Callable[[Any], Any]:
+        """A unit that inserts row ``i``, reports it started, then sleeps on the server."""
+        if self.is_async:
+
+            async def unit(session: AsyncSession) -> int:
+                session.add(Item(key=f"k{i}", unit=i))
+                await session.flush()
+                gate.arrive(from_thread=False)
+                await session.execute(text("SELECT pg_sleep(CAST(:s AS float))"), {"s": seconds})
+                return i
+
+            return unit
+
+        def sync_unit(session: Session) -> int:
+            session.add(Item(key=f"k{i}", unit=i))
+            session.flush()
+            gate.arrive(from_thread=True)
+            session.execute(text("SELECT pg_sleep(CAST(:s AS float))"), {"s": seconds})
+            return i
+
+        return sync_unit
+
+    def map_fn(self) -> Callable[..., Any]:
+        if self.is_async:
+
+            async def fn(session: AsyncSession, item: int) -> int:
+                return int(
+                    (await session.execute(text("SELECT CAST(:v AS integer) * 2"), {"v": item})).scalar_one()
+                )
+
+            return fn
+
+        def sync_fn(session: Session, item: int) -> int:
+            return int(session.execute(text("SELECT CAST(:v AS integer) * 2"), {"v": item}).scalar_one())
+
+        return sync_fn
+
+
+def _pool_timeout(options: dict[str, Any]) -> dict[str, Any]:
+    timeout = options.pop("pool_timeout", None)
+    return {} if timeout is None else {"pool_timeout": timeout}
+
+
+def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` passes (for server-side state that lags)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+__all__ = [
+    "CASES",
+    "CASE_IDS",
+    "Boom",
+    "Kit",
+    "StartGate",
+    "async_sessionmaker",
+    "eventually",
+    "sessionmaker",
+]
