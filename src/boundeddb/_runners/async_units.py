@@ -78,7 +78,7 @@ class AsyncUnitsRunner(BaseRunner[Any]):
             body = asyncio.ensure_future(self._body(session, unit, index))
             if self._timeout is None:
                 return await _cancel_once(body)
-            with anyio.move_on_after(self._timeout) as scope:
+            with anyio.move_on_after(self._timeout):
                 return await _cancel_once(body)
             raise UnitTimeout(index, self._timeout)
         finally:

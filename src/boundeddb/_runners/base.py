@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import contextmanager, suppress
 from time import perf_counter
 from typing import Any, Generic, Literal, NoReturn, TypeVar
