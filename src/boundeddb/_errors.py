@@ -53,13 +53,14 @@ class RunFailed(ExceptionGroup[Exception], BoundedDBError):
 
     It is an :class:`ExceptionGroup` of each failed unit's own exception, in input order,
     so ``except* IntegrityError:`` catches the units that hit a constraint.
-    :attr:`report` is the partial :class:`~boundeddb.RunReport`:
+    :attr:`RunFailed.report` is the partial :class:`~boundeddb.RunReport`:
     every unit in it either committed or failed (rolled back);
     units after the last index in it were never started.
 
     .. versionadded:: 0.1.0
     """
 
+    #: The partial report of the run that failed.
     report: RunReport[Any]
 
     def __new__(cls, message: str, exceptions: Sequence[Exception], *, report: RunReport[Any]) -> Self:

@@ -101,7 +101,7 @@ def postgres(
         yield PostgresServer(url, "local")
         return
     try:
-        import pgserver  # noqa: PLC0415 -- optional dependency
+        import pgserver
     except ImportError as error:
         msg = (
             f"no PostgreSQL answers at {url.render_as_string(hide_password=True)} and pgserver is "

@@ -112,7 +112,8 @@ class AsyncUnitsRunner(BaseRunner[Any]):
             units: Iterable or async iterable of ``async def unit(session: AsyncSession) -> T``.
 
         Returns:
-            The report: one :class:`~boundeddb.Outcome` per unit in input order, and the run's stats.
+            A :class:`~boundeddb.RunReport`: one :class:`~boundeddb.Outcome` per unit in input order,
+            and the run's :class:`~boundeddb.RunStats`.
 
         Raises:
             RunFailed: with ``errors="raise"``, after the first failure: no new unit is started,
