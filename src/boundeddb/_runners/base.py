@@ -20,7 +20,6 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 import anyio
 import anyio.lowlevel
-import sniffio
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import AssertionPool, Pool, QueuePool, StaticPool
@@ -618,6 +617,15 @@ class _UnitTasks:
             self._slots.clear()
 
 
+def _on_asyncio() -> bool:
+    """Whether the running event loop is asyncio's (trio runs no asyncio loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class _background:
     """
     Run ``produce(binding)`` beside the consumer of a stream, and stop it when the consumer stops.
@@ -635,7 +643,7 @@ class _background:
         self._group: Any = None
 
     async def __aenter__(self) -> None:
-        if sniffio.current_async_library() == "asyncio":
+        if _on_asyncio():
             self._task = asyncio.ensure_future(self._produce(self._binding))
         else:
             self._group = anyio.create_task_group()

@@ -9,8 +9,8 @@ from time import perf_counter
 from typing import Any, final
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
-import sniffio
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
@@ -286,13 +286,13 @@ class ThreadOffloadRunner(BaseRunner[Any]):
             RuntimeError: if called from async code; ``await runner.run(units)`` there instead.
         """
         try:
-            library = sniffio.current_async_library()
-        except sniffio.AsyncLibraryNotFoundError:
-            pass
+            anyio.lowlevel.current_token()
+        except RuntimeError:
+            pass  # no event loop here: good
         else:
             msg = (
-                f"run_sync() was called from async code ({library}), where it would block the event "
-                "loop: use `await runner.run(units)` instead"
+                "run_sync() was called from async code, where it would block the event loop: "
+                "use `await runner.run(units)` instead"
             )
             raise RuntimeError(msg)
         report: RunReport[T] = anyio.run(partial(self._run_units, units, measure_loop_lag=False))
