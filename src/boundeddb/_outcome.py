@@ -37,6 +37,11 @@ class Outcome(Generic[T]):
     wait_s: float
     #: How many attempts it took (more than 1 only with a retry policy).
     attempts: int = 1
+    #: ``True`` if the unit failed *while the runner was committing it* and the failure leaves
+    #: the commit's fate unknown (the connection was lost, or the unit was cancelled or timed out
+    #: mid-commit): the transaction may have committed. Such a unit is never retried. Give units a
+    #: unique key (or another idempotency check) and look it up to learn what happened.
+    commit_unknown: bool = False
 
     @property
     def ok(self) -> bool:
@@ -61,7 +66,9 @@ class RunReport(Generic[T]):
     Everything a batch (``run()`` or ``map()``) did, in input order.
 
     Every unit the runner pulled from the input has an outcome here:
-    it committed (``ok``) or it failed and was rolled back.
+    it committed (``ok``), or it failed and was rolled back,
+    or — rarely — it failed during the commit itself with
+    :attr:`~boundeddb.Outcome.commit_unknown` set.
     Units that were never pulled (after a failure with ``errors="raise"``) have none.
 
     .. versionadded:: 0.1.0

@@ -15,8 +15,13 @@ TRANSIENT_SQLSTATES = frozenset(
     {
         "40001",  # serialization_failure
         "40P01",  # deadlock_detected
+        "57P01",  # admin_shutdown (pg_terminate_backend, a fast shutdown)
+        "57P02",  # crash_shutdown
+        "57P03",  # cannot_connect_now (the server is starting up or shutting down)
     }
 )
+#: SQLSTATE class 08: connection exceptions.
+_CONNECTION_EXCEPTION_CLASS = "08"
 #: MySQL/MariaDB error numbers with the same meaning.
 TRANSIENT_MYSQL_ERRNOS = frozenset(
     {
@@ -26,7 +31,7 @@ TRANSIENT_MYSQL_ERRNOS = frozenset(
 )
 
 
-def _sqlstate(error: BaseException) -> str | None:
+def sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of a driver error, whichever driver raised it (psycopg2, psycopg, asyncpg)."""
     for candidate in (error, error.__cause__):
         if candidate is None:
@@ -38,26 +43,43 @@ def _sqlstate(error: BaseException) -> str | None:
     return None
 
 
-def is_transient(error: BaseException) -> bool:
-    """
-    Return whether ``error`` is a transient database error, worth retrying in a fresh transaction.
-
-    These are: PostgreSQL serialization failures (SQLSTATE ``40001``) and deadlocks (``40P01``);
-    MySQL/MariaDB deadlocks (1213) and lock wait timeouts (1205);
-    and a connection that was lost or invalidated (:attr:`sqlalchemy.exc.DBAPIError.connection_invalidated`).
-    Nothing else: not constraint violations, not timeouts, not programming errors.
-
-    .. versionadded:: 0.1.0
-    """
+def is_connection_error(error: BaseException) -> bool:
+    """Whether ``error`` says the connection to the server was lost, refused or invalidated."""
     if isinstance(error, sa_exc.DBAPIError):
         if error.connection_invalidated:
             return True
         orig = error.orig
         if orig is None:
             return False
-        if _sqlstate(orig) in TRANSIENT_SQLSTATES:
+        code = sqlstate(orig)
+        if code is not None:
+            return code.startswith(_CONNECTION_EXCEPTION_CLASS) or code in {"57P01", "57P02", "57P03"}
+        return isinstance(orig, OSError) or isinstance(orig.__cause__, OSError)
+    return isinstance(error, OSError)
+
+
+def is_transient(error: BaseException) -> bool:
+    """
+    Return whether ``error`` is a transient database error, worth retrying in a fresh transaction.
+
+    These are: PostgreSQL serialization failures (SQLSTATE ``40001``) and deadlocks (``40P01``);
+    MySQL/MariaDB deadlocks (1213) and lock wait timeouts (1205);
+    a connection that was lost, refused or invalidated
+    (:attr:`sqlalchemy.exc.DBAPIError.connection_invalidated`, SQLSTATE class ``08``,
+    ``57P01``-``57P03`` from a terminated backend or a restarting server, an :class:`OSError`).
+    Nothing else: not constraint violations, not timeouts, not programming errors.
+
+    A connection lost while the runner was committing is never retried, whatever the policy says:
+    the commit may have happened (see :attr:`boundeddb.Outcome.commit_unknown`).
+
+    .. versionadded:: 0.1.0
+    """
+    if is_connection_error(error):
+        return True
+    if isinstance(error, sa_exc.DBAPIError) and error.orig is not None:
+        if sqlstate(error.orig) in TRANSIENT_SQLSTATES:
             return True
-        args: tuple[object, ...] = getattr(orig, "args", ())
+        args: tuple[object, ...] = getattr(error.orig, "args", ())
         return bool(args) and args[0] in TRANSIENT_MYSQL_ERRNOS
     return False
 

@@ -14,7 +14,16 @@ from sqlalchemy.orm import sessionmaker
 from .._errors import UnitTimeout
 from .._outcome import Outcome, RunReport
 from .._typing import AsyncUnit, ItemT, T
-from .base import BaseRunner, RunState, UnitMisuse, ended_transaction_message, logger, units_of
+from .base import (
+    BaseRunner,
+    CommitUnknown,
+    RunState,
+    UnitMisuse,
+    commit_fate_unknown,
+    ended_transaction_message,
+    logger,
+    units_of,
+)
 
 
 def check_async_sessions(sessions: object, runner: str) -> Any:
@@ -74,17 +83,19 @@ class AsyncUnitsRunner(BaseRunner[Any]):
 
     async def _attempt(self, unit: Any, index: int, state: RunState) -> Any:
         session: AsyncSession = self._sessions()
+        committing = [False]
         try:
-            body = asyncio.ensure_future(self._body(session, unit, index))
+            body = asyncio.ensure_future(self._body(session, unit, index, committing))
             if self._timeout is None:
                 return await _cancel_once(body)
             with anyio.move_on_after(self._timeout):
                 return await _cancel_once(body)
-            raise UnitTimeout(index, self._timeout)
+            timeout = UnitTimeout(index, self._timeout)
+            raise CommitUnknown(timeout) if committing[0] else timeout
         finally:
             await close_session(session)
 
-    async def _body(self, session: AsyncSession, unit: Any, index: int) -> Any:
+    async def _body(self, session: AsyncSession, unit: Any, index: int, committing: list[bool]) -> Any:
         transaction = session.sync_session.begin()  # no I/O: the connection comes when needed
         result = unit(session)
         if not inspect.isawaitable(result):
@@ -97,7 +108,13 @@ class AsyncUnitsRunner(BaseRunner[Any]):
         value = await result
         if not transaction.is_active:
             raise UnitMisuse(ended_transaction_message(index))
-        await session.commit()
+        committing[0] = True
+        try:
+            await session.commit()
+        except Exception as error:
+            if commit_fate_unknown(error):
+                raise CommitUnknown(error) from None
+            raise
         return value
 
     async def run(self, units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]]) -> RunReport[T]:

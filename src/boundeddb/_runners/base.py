@@ -26,7 +26,7 @@ from sqlalchemy.pool import AssertionPool, Pool, QueuePool, StaticPool
 
 from .._errors import RunFailed, RunnerBusyElsewhereError, RunnerClosedError, UnitMisuseError
 from .._outcome import Outcome, RunReport
-from .._retry import NO_RETRY, RetryPolicy
+from .._retry import NO_RETRY, RetryPolicy, is_connection_error
 from .._stats import LoopLag, StatsRecorder
 
 logger = logging.getLogger("boundeddb")
@@ -36,6 +36,19 @@ MakerT = TypeVar("MakerT")
 
 #: Stand-in for "the input is exhausted".
 _END: Any = object()
+
+
+class CommitUnknown(Exception):
+    """Carries a unit's error raised while the runner committed, when the commit may have happened."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def commit_fate_unknown(error: Exception) -> bool:
+    """Whether ``error``, raised by COMMIT, leaves open whether the transaction committed."""
+    return is_connection_error(error) or isinstance(error, TimeoutError)
 
 
 class UnitMisuse(Exception):
@@ -314,6 +327,18 @@ class BaseRunner(Generic[MakerT]):
                     state.stop = True
                     outcome: Outcome[Any] = Outcome(
                         index, None, misuse.error, perf_counter() - started, wait_s, attempt
+                    )
+                    break
+                except CommitUnknown as unknown:
+                    logger.warning(
+                        "unit %d: the connection failed during COMMIT (%s); it may have committed",
+                        index,
+                        type(unknown.error).__qualname__,
+                    )
+                    if state.stop_on_failure:
+                        state.stop = True
+                    outcome = Outcome(
+                        index, None, unknown.error, perf_counter() - started, wait_s, attempt, True
                     )
                     break
                 except Exception as error:

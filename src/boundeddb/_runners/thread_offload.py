@@ -22,10 +22,12 @@ from .._typing import ItemT, SyncUnit, T
 from .base import (
     BaseRunner,
     BoundItem,
+    CommitUnknown,
     ErrorsMode,
     RunState,
     UnitMisuse,
     bound_engine,
+    commit_fate_unknown,
     ended_transaction_message,
     logger,
     resolve_limit,
@@ -220,7 +222,12 @@ class ThreadOffloadRunner(BaseRunner[Any]):
                 raise UnitMisuse(ended_transaction_message(index))
             if self._timeout is not None and perf_counter() - started > self._timeout:
                 raise UnitTimeout(index, self._timeout)
-            session.commit()
+            try:
+                session.commit()
+            except Exception as error:
+                if commit_fate_unknown(error):
+                    raise CommitUnknown(error) from None
+                raise
             return value
         finally:
             handle.dbapi = None
