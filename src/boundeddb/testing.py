@@ -79,12 +79,13 @@ def postgres(
     default: str = "postgresql://postgres@127.0.0.1:5432/test",
     *,
     env_var: str = "BOUNDEDDB_TEST_DATABASE_URL",
+    embedded: bool = False,
 ) -> Iterator[PostgresServer]:
     """
     Yield a PostgreSQL server that answers: ``$env_var``, else ``default``, else an embedded one.
 
     The embedded server (from the ``pgserver`` wheel) lives in a temporary directory and is
-    stopped and removed when the context exits.
+    stopped and removed when the context exits. ``embedded=True`` starts one whatever answers.
 
     Raises:
         RuntimeError: if nothing answers and ``pgserver`` is not installed.
@@ -92,12 +93,12 @@ def postgres(
     .. versionadded:: 0.1.0
     """
     configured = os.environ.get(env_var)
-    if configured:
+    if configured and not embedded:
         url = make_url(configured).set(drivername="postgresql")
         yield PostgresServer(url, "env")
         return
     url = make_url(default)
-    if _answers(url):
+    if not embedded and _answers(url):
         yield PostgresServer(url, "local")
         return
     try:
@@ -108,10 +109,13 @@ def postgres(
             f"not installed: start a server, set {env_var}, or `pip install pgserver`"
         )
         raise RuntimeError(msg) from error
-    with tempfile.TemporaryDirectory(prefix="boundeddb-pg-") as directory, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR as root
-        server = pgserver.get_server(directory, cleanup_mode="delete")
+    with tempfile.TemporaryDirectory(prefix="boundeddb-pg-") as directory:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR as root
+            server = pgserver.get_server(directory, cleanup_mode="delete")
         try:
             yield PostgresServer(make_url(server.get_uri()), "embedded")
         finally:
-            server.cleanup()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                server.cleanup()

@@ -1,0 +1,240 @@
+"""
+``python -m benchmarks``: run the suite, print the report, write JSON, Markdown and charts.
+
+The default suite (N=5,000) takes a few minutes on 2 cores; ``--n 35000`` is the post's full
+reproduction (and then ``memory`` streams 1,000,000 units).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import (
+    _charts,
+    _report,
+    async_unbounded,
+    chunked,
+    hand_rolled,
+    limit_sweep,
+    loop_lag,
+    memory,
+    raw_asyncpg,
+    semaphore,
+    sync,
+    threads,
+)
+from ._db import Database, resolve
+from ._harness import Context, Measurement
+from ._workload import make_ops
+
+SCENARIOS: dict[str, Callable[[Context], None]] = {
+    "sync": sync.run,
+    "async-unbounded": async_unbounded.run,
+    "chunked": chunked.run,
+    "semaphore": semaphore.run,
+    "threads": threads.run,
+    "threads-psycopg2": threads.run_psycopg2,
+    "hand-rolled": hand_rolled.run,
+    "raw-asyncpg": raw_asyncpg.run,
+    "limit-sweep": limit_sweep.run,
+    "loop-lag": loop_lag.run,
+    "memory": memory.run,
+}
+#: Scenarios that run the op sequence once and give a row of the throughput table.
+THROUGHPUT = (
+    "sync",
+    "async-unbounded",
+    "chunked",
+    "semaphore",
+    "threads",
+    "threads-psycopg2",
+    "hand-rolled",
+    "raw-asyncpg",
+)
+PACKAGES = (
+    "boundeddb", "sqlalchemy", "asyncpg", "psycopg", "psycopg-binary", "psycopg2-binary", "greenlet",
+    "anyio", "starlette", "uvicorn", "httpx", "pgserver", "matplotlib", "rich", "psutil",
+)  # fmt: skip
+RESULTS = Path(__file__).with_name("results")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="boundeddb benchmark suite: the workload of 'Soft touch to SQLAlchemy async I/O'.",
+    )
+    p.add_argument("--n", type=int, help="ops per scenario (default 5,000; the post used 35,000)")
+    p.add_argument("--seed", type=int, default=2022, help="seed of the op sequence (default 2022)")
+    p.add_argument("--limit", type=int, default=20, metavar="L", help="runner limit L (default 20)")
+    p.add_argument(
+        "--scenario",
+        action="append",
+        choices=list(SCENARIOS),
+        help="scenario to run (repeatable; default: all of them)",
+    )
+    p.add_argument(
+        "--index",
+        action="store_true",
+        help="also run the throughput scenarios with an index on b.a_id, and compare",
+    )
+    p.add_argument("--out", type=Path, help="output directory (default benchmarks/results/<time>-n<N>)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: N=1,000 and small side scenarios")
+    p.add_argument("--sweep-n", type=int, help="ops per limit-sweep point (default N/5)")
+    p.add_argument(
+        "--memory-units",
+        type=int,
+        help="units for the memory scenario (default 50,000; 1,000,000 when N >= 35,000)",
+    )
+    p.add_argument("--loop-lag-requests", type=int, help="DB requests per loop-lag variant (default N/2)")
+    p.add_argument("--embedded", action="store_true", help="use an embedded pgserver even if one answers")
+    args = p.parse_args(argv)
+    n = args.n or (1_000 if args.quick else 5_000)
+    args.n = n
+    args.sweep_n = args.sweep_n or max(100, n // 5)
+    default_memory = 1_000_000 if n >= 35_000 else (5_000 if args.quick else 50_000)
+    args.memory_units = args.memory_units or default_memory
+    args.loop_lag_requests = args.loop_lag_requests or max(200, min(n // 2, 10_000))
+    args.scenario = args.scenario or list(SCENARIOS)
+    if args.limit < 1 or n < 2:
+        p.error("--limit must be >= 1 and --n >= 2")
+    return args
+
+
+def environment(args: argparse.Namespace, db: Database) -> dict[str, Any]:
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "versions": versions,
+        "git_commit": commit or None,
+        "database": db.shown,
+        "database_source": db.source,
+        "server_version": db.server_version,
+        "max_connections": db.max_connections,
+        "server_local": db.local,
+        "n": args.n,
+        "seed": args.seed,
+        "limit": args.limit,
+        "sweep_n": args.sweep_n,
+        "memory_units": args.memory_units,
+        "loop_lag_requests": args.loop_lag_requests,
+        "index": args.index,
+        "scenarios": args.scenario,
+        "pool_settings": "per result: config (pool_size, max_overflow=0, pool_timeout=60 s unless noted)",
+    }
+
+
+@contextmanager
+def progress_bars() -> Iterator[Progress | None]:
+    """Progress bars on a terminal (stderr), nothing otherwise."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    columns = (TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), refresh_per_second=5) as progress:
+        yield progress
+
+
+def run_suite(ctx: Context, names: list[str], *, index: bool) -> None:
+    """
+    Run the scenarios in a fixed order, ``memory`` first: memory that other scenarios freed but
+    the allocator kept would otherwise hide the RSS growth it measures.
+    """
+    names = sorted(set(names), key=lambda name: (name != "memory", list(SCENARIOS).index(name)))
+    passes = [False, True] if index else [False]
+    for use_index in passes:
+        ctx.index = use_index
+        for name in names:
+            if ctx.index and name not in THROUGHPUT:
+                continue
+            before = len(ctx.results)
+            started = time.perf_counter()
+            try:
+                SCENARIOS[name](ctx)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                ctx.results.append(Measurement(scenario=name, label=name, schema=ctx.schema, error=error))
+                ctx.log(f"{name}: FAILED: {error}")
+            took = time.perf_counter() - started
+            for m in ctx.results[before:]:
+                if not m.error:
+                    ctx.log(f"done: {m.label:<40} {m.wall_s or 0:8.1f} s {m.ops_per_s or 0:8.0f} ops/s")
+            if ctx.progress is None:
+                print(f"[{name}{' [index]' if ctx.index else ''}: {took:.1f} s]", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    db = resolve(embedded=args.embedded)
+    print(f"Database: {db.shown} ({db.source}), PostgreSQL {db.server_version}", file=sys.stderr)
+    out = args.out or RESULTS / f"{dt.datetime.now():%Y%m%d-%H%M%S}-n{args.n}"
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(args, db)
+    started = time.perf_counter()
+    with progress_bars() as progress:
+        ctx = Context(
+            db=db,
+            ops=make_ops(args.n, args.seed),
+            seed=args.seed,
+            limit=args.limit,
+            sweep_n=min(args.sweep_n, args.n),
+            memory_units=args.memory_units,
+            loop_lag_requests=args.loop_lag_requests,
+            progress=progress,
+        )
+        try:
+            run_suite(ctx, args.scenario, index=args.index)
+        finally:
+            try:
+                db.drop_schema()
+            except Exception as exc:
+                print(f"could not drop the benchmark schema: {exc}", file=sys.stderr)
+    env["suite_wall_s"] = round(time.perf_counter() - started, 1)
+    text, data = _report.render(env, ctx.results)
+    charts = [
+        _charts.connections(out / "connections.png", [m for m in ctx.results if m.group == "main"]),
+        _charts.sweep(out / "limit_sweep.png", [m for m in ctx.results if m.group == "sweep"]),
+        _charts.loop_lag(out / "loop_lag.png", [m for m in ctx.results if m.group == "loop-lag"]),
+    ]
+    (out / "report.md").write_text(text)
+    _report.write_json(out / "results.json", env, ctx.results, data)
+    print(text)
+    written = ["report.md", "results.json", *(p.name for p in charts if p is not None)]
+    print(f"Suite took {env['suite_wall_s']} s. Wrote {', '.join(written)} to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""PNG charts (matplotlib, Agg): connections over time, the limit sweep, /ping latency."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+
+from ._harness import Measurement
+
+
+def connections(path: Path, rows: list[Measurement]) -> Path | None:
+    """Connections over time per scenario: the post's DBeaver graph, all runs on one chart."""
+    rows = [m for m in rows if m.connections]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    for m in rows:
+        t = [s for s, _ in m.connections]
+        c = [c for _, c in m.connections]
+        ax.step(t, c, where="post", label=m.label, linestyle="--" if m.schema == "index" else "-")
+    ax.set_xlabel("seconds since the scenario started")
+    ax.set_ylabel("server connections (pg_stat_activity, every 100 ms)")
+    ax.set_title("Connections over time per scenario")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def sweep(path: Path, rows: list[Measurement]) -> Path | None:
+    """Throughput and p99 latency against the limit, one line per runner."""
+    rows = [m for m in rows if not m.error and m.ops_per_s]
+    if not rows:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for scenario in sorted({m.scenario for m in rows}):
+        pts = sorted((m.config["limit"], m) for m in rows if m.scenario == scenario)
+        limits = [lim for lim, _ in pts]
+        left.plot(limits, [m.ops_per_s for _, m in pts], marker="o", label=scenario)
+        right.plot(limits, [(m.p99_s or 0) * 1e3 for _, m in pts], marker="o", label=scenario)
+    for ax, ylabel in ((left, "ops/s"), (right, "p99 unit latency, ms")):
+        ax.set_xscale("log")
+        ax.set_xlabel("limit L (connections)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend()
+    right.set_yscale("log")
+    fig.suptitle(f"Limit sweep (N={rows[0].n:,} per point)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def loop_lag(path: Path, rows: list[Measurement]) -> Path | None:
+    """/ping p50, p99 and max per variant (log scale)."""
+    rows = [m for m in rows if not m.error and m.extra.get("ping_p99_s")]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    names = [m.label.removeprefix("loop-lag ") for m in rows]
+    width = 0.27
+    for k, (key, label) in enumerate((("ping_p50_s", "p50"), ("ping_p99_s", "p99"), ("ping_max_s", "max"))):
+        xs = [i + (k - 1) * width for i in range(len(rows))]
+        ax.bar(xs, [(m.extra.get(key) or 0) * 1e3 for m in rows], width, label=label)
+    ax.axhline(100, color="grey", linestyle=":", label="100 ms")
+    ax.set_xticks(range(len(rows)), names)
+    ax.set_yscale("log")
+    ax.set_ylabel("/ping latency, ms")
+    ax.set_title("/ping latency while the app serves DB requests")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,318 @@
+"""
+Measuring one scenario: wall and CPU time, an independent pg_stat_activity sampler, loop lag.
+
+A :class:`Probe` wraps the timed part of a scenario (``with`` for sync code, ``async with``
+where an event loop runs, which also starts a loop-lag ticker).  While it is open a
+:class:`Sampler` thread on its own connection counts, every 100 ms, the server connections
+whose application_name is the scenario's, reads the CPU time of those backends from /proc,
+samples this process's RSS, and moves the progress bar.  On exit the probe appends one
+:class:`Measurement` to the context, or one that records the error, so a failing scenario never
+stops the suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import random
+import re
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from rich.progress import Progress, TaskID
+
+from ._db import APP_PREFIX, Database
+from ._workload import Op
+
+SAMPLE_INTERVAL_S = 0.1
+#: The loop-lag ticker's period; the same 5 ms timer boundeddb's RunStats uses.
+TICK_INTERVAL_S = 0.005
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def percentile(values: Sequence[float], fraction: float) -> float | None:
+    """Nearest-rank percentile, None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(fraction * len(ordered))) - 1]
+
+
+class Reservoir:
+    """A fixed-size uniform sample of latencies, for runs too long to keep them all."""
+
+    def __init__(self, size: int = 10_000, seed: int = 0) -> None:
+        self.size, self.seen, self.values = size, 0, []  # type: ignore[var-annotated]
+        self._rng = random.Random(seed)
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.size:
+            self.values.append(value)
+        else:
+            slot = self._rng.randrange(self.seen)
+            if slot < self.size:
+                self.values[slot] = value
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of a process from /proc, None if it is not visible here."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def self_rss() -> int:
+    """This process's resident set size in bytes."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+@dataclass
+class Measurement:
+    """The figures of one scenario run (one row of a table)."""
+
+    scenario: str
+    label: str
+    group: str = "main"
+    schema: str = "faithful"
+    n: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    wall_s: float | None = None
+    ops_per_s: float | None = None
+    p50_s: float | None = None
+    p99_s: float | None = None
+    max_s: float | None = None
+    peak_connections: int | None = None
+    client_cpu_s: float | None = None
+    server_cpu_s: float | None = None
+    loop_lag_p99_s: float | None = None
+    loop_lag_max_s: float | None = None
+    rss_growth_mb: float | None = None
+    connections: list[tuple[float, int]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class Context:
+    """What every scenario gets: the database, the op sequence, settings, and the results."""
+
+    db: Database
+    ops: list[Op]
+    seed: int
+    limit: int
+    sweep_n: int
+    memory_units: int
+    loop_lag_requests: int
+    progress: Progress | None = None
+    index: bool = False
+    results: list[Measurement] = field(default_factory=list)
+
+    @property
+    def schema(self) -> str:
+        return "index" if self.index else "faithful"
+
+    def app_name(self, label: str) -> str:
+        """The application_name that marks (and only marks) this scenario's connections."""
+        slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+        return f"{APP_PREFIX}-{slug}-{self.schema}"[:63]
+
+    def reset(self) -> None:
+        """Fresh tables, in this pass's schema variant."""
+        self.db.reset_schema(index=self.index)
+
+    def log(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress.console.print(message, highlight=False, markup=False)
+        else:
+            print(message, flush=True)
+
+
+class Sampler(threading.Thread):
+    """Counts a scenario's server connections every 100 ms on a connection of its own."""
+
+    def __init__(self, ctx: Context, app_name: str, probe: Probe) -> None:
+        super().__init__(name=f"sampler-{app_name}", daemon=True)
+        self._conn = ctx.db.connect()
+        self._app, self._probe, self._local = app_name, probe, ctx.db.local
+        self._stop_event = threading.Event()
+        self._t0 = time.perf_counter()
+        self.series: list[tuple[float, int]] = []
+        self.backend_cpu: dict[int, float] = {}
+        self.rss0 = self.rss_peak = self_rss()
+        self.error: str | None = None
+
+    def sample(self) -> None:
+        rows = self._conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self._app,)
+        ).fetchall()
+        self.series.append((time.perf_counter() - self._t0, len(rows)))
+        if self._local:
+            for (pid,) in rows:
+                cpu = proc_cpu_s(pid)
+                if cpu is not None:
+                    self.backend_cpu[pid] = max(cpu, self.backend_cpu.get(pid, 0.0))
+        self.rss_peak = max(self.rss_peak, self_rss())
+        self._probe.show_progress()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(SAMPLE_INTERVAL_S):
+            try:
+                self.sample()
+            except Exception as exc:  # a lost sampler must not lose the scenario's measurement
+                self.error = f"sampler stopped: {type(exc).__name__}: {exc}"[:200]
+                return
+
+    def finish(self) -> None:
+        """Stop, then take one last sample while the scenario's connections are still open."""
+        self._stop_event.set()
+        self.join()
+        if self.error is None:
+            try:
+                self.sample()
+            except Exception as exc:
+                self.error = f"sampler stopped: {type(exc).__name__}: {exc}"[:200]
+        self._conn.close()
+
+    def server_cpu(self) -> float | None:
+        return sum(self.backend_cpu.values()) if self.backend_cpu else None
+
+
+class LoopLagTicker:
+    """A task that records how late the event loop runs a 5 ms timer."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            start = time.perf_counter()
+            await asyncio.sleep(TICK_INTERVAL_S)
+            self.lags.append(max(0.0, time.perf_counter() - start - TICK_INTERVAL_S))
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._tick())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+class Probe:
+    """Times one scenario run; see the module docstring."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        scenario: str,
+        label: str,
+        *,
+        total: int,
+        app_name: str,
+        group: str = "main",
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.ctx, self.app_name, self.done = ctx, app_name, 0
+        suffix = " [index]" if ctx.index and group == "main" else ""
+        self.m = Measurement(
+            scenario=scenario,
+            label=label + suffix,
+            group=group,
+            schema=ctx.schema,
+            n=total,
+            config={"application_name": app_name, **(config or {})},
+        )
+        #: Set by the scenario: one latency per unit (or a Reservoir's sample).
+        self.latencies: Sequence[float] = ()
+        self.succeeded: int | None = None
+        self.failed = 0
+        self._task: TaskID | None = None
+        self._ticker: LoopLagTicker | None = None
+        self._end: tuple[float, float] | None = None
+
+    def tick(self) -> None:
+        """One unit done (for the progress bar only)."""
+        self.done += 1
+
+    def show_progress(self) -> None:
+        if self.ctx.progress is not None and self._task is not None:
+            self.ctx.progress.update(self._task, completed=self.done)
+
+    def __enter__(self) -> Probe:
+        if self.ctx.progress is not None:
+            self._task = self.ctx.progress.add_task(self.m.label, total=self.m.n)
+        self._sampler = Sampler(self.ctx, self.app_name, self)
+        self._sampler.sample()
+        self._sampler.start()
+        self._cpu0 = time.process_time()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        end = self._end or (time.perf_counter(), time.process_time())
+        wall, cpu = end[0] - self._t0, end[1] - self._cpu0
+        self._sampler.finish()
+        m = self.m
+        m.wall_s, m.client_cpu_s = wall, cpu
+        m.connections = self._sampler.series
+        m.peak_connections = max((c for _, c in m.connections), default=0)
+        m.server_cpu_s = self._sampler.server_cpu()
+        m.rss_growth_mb = (self._sampler.rss_peak - self._sampler.rss0) / 2**20
+        if self._sampler.error:
+            m.extra["sampler_error"] = self._sampler.error
+        m.p50_s = percentile(self.latencies, 0.50)
+        m.p99_s = percentile(self.latencies, 0.99)
+        m.max_s = max(self.latencies, default=None)
+        m.succeeded = self.succeeded if self.succeeded is not None else len(self.latencies)
+        m.failed = self.failed
+        m.ops_per_s = m.succeeded / wall if wall > 0 else None
+        if self._ticker is not None:
+            m.loop_lag_p99_s = percentile(self._ticker.lags, 0.99)
+            m.loop_lag_max_s = max(self._ticker.lags, default=None)
+        if exc is not None and isinstance(exc, Exception):
+            m.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:500]
+            self.ctx.log(f"{m.label} FAILED: {m.error}")
+        if self.ctx.progress is not None and self._task is not None:
+            self.show_progress()
+            self.ctx.progress.stop_task(self._task)
+        self.ctx.results.append(m)
+        return exc is not None and isinstance(exc, Exception)
+
+    async def __aenter__(self) -> Probe:
+        self.__enter__()
+        self._ticker = LoopLagTicker()
+        self._ticker.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._end = (time.perf_counter(), time.process_time())
+        if self._ticker is not None:
+            await self._ticker.stop()
+        return self.__exit__(exc_type, exc, tb)

@@ -1,0 +1,108 @@
+"""
+The loop-lag scenario's load generator and pinger, each run as a separate process (own GIL).
+
+``python _loadgen.py db BASE_URL REQUESTS CONCURRENCY N_OPS`` sends REQUESTS requests to
+``BASE_URL/db/{i}`` from CONCURRENCY workers, each with its own ``httpx.AsyncClient`` and
+keep-alive connection (one client shared by 50 workers spends most of its CPU in its own pool).
+``python _loadgen.py ping BASE_URL`` sends one ``/ping`` at a time, 20 ms apart, with a sync
+``httpx.Client``, until its standard input closes.
+
+Both connect, print ``ready``, wait for a ``go`` line on standard input, then work and print one
+JSON object.  Every loop is bounded in count and by a deadline, and they only talk to the
+loopback address they are given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import select
+import sys
+import time
+from typing import Any
+
+import httpx
+
+PING_INTERVAL_S = 0.02
+DEADLINE_S = 600.0
+
+
+def _check(base: str) -> None:
+    if not base.startswith("http://127.0.0.1:"):
+        raise SystemExit(f"refusing a non-loopback target: {base}")
+
+
+def _handshake() -> None:
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("no go")
+
+
+async def db(base: str, requests: int, concurrency: int, n_ops: int) -> dict[str, Any]:
+    counter = itertools.count()
+    latencies: list[float] = []
+    errors: list[str] = []
+    deadline = time.perf_counter() + DEADLINE_S
+    clients = [httpx.AsyncClient(base_url=base, timeout=120.0) for _ in range(concurrency)]
+    try:
+        await asyncio.gather(*(c.get("/ping") for c in clients))  # connect before timing
+        _handshake()
+
+        async def worker(client: httpx.AsyncClient) -> None:
+            while time.perf_counter() < deadline:
+                i = next(counter)
+                if i >= requests:
+                    return
+                start = time.perf_counter()
+                try:
+                    (await client.get(f"/db/{i % n_ops}")).raise_for_status()
+                except httpx.HTTPError as exc:
+                    errors.append(repr(exc)[:200])
+                else:
+                    latencies.append(time.perf_counter() - start)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(c) for c in clients))
+        elapsed = time.perf_counter() - started
+    finally:
+        await asyncio.gather(*(c.aclose() for c in clients))
+    return {
+        "db_latencies": latencies,
+        "db_ok": len(latencies),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "elapsed_s": elapsed,
+    }
+
+
+def ping(base: str) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors: list[str] = []
+    deadline = time.perf_counter() + DEADLINE_S
+    with httpx.Client(base_url=base, timeout=120.0) as client:
+        client.get("/ping")
+        _handshake()
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            try:
+                client.get("/ping").raise_for_status()
+            except httpx.HTTPError as exc:
+                errors.append(repr(exc)[:200])
+            else:
+                latencies.append(time.perf_counter() - start)
+            readable, _, _ = select.select([sys.stdin], [], [], PING_INTERVAL_S)
+            if readable and not sys.stdin.readline():
+                break  # standard input closed: the DB load is over
+    return {"ping_latencies": latencies, "errors": len(errors), "first_error": errors[0] if errors else None}
+
+
+if __name__ == "__main__":
+    mode, base_url = sys.argv[1], sys.argv[2]
+    _check(base_url)
+    if mode == "db":
+        n_requests, n_workers, ops = map(int, sys.argv[3:6])
+        result = asyncio.run(db(base_url, n_requests, n_workers, ops))
+    else:
+        result = ping(base_url)
+    print(json.dumps(result), flush=True)

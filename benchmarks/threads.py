@@ -1,0 +1,56 @@
+"""
+``threads`` and ``threads-psycopg2``: ``boundeddb.ThreadOffloadRunner(limit=L)``.
+
+Mike Bayer's "Asynchronous Python and Databases" (seed 003) argues that CRUD code belongs behind
+a thread pool: the ORM's Python work dominates and threads on a blocking driver beat asyncio.
+The runner is awaited from an event loop and runs sync units in L worker threads, each with its
+own Session, on psycopg (3) and, as a second row, on psycopg2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from sqlalchemy.orm import sessionmaker
+
+from boundeddb import ThreadOffloadRunner
+
+from ._harness import Context, Probe
+from ._library import record
+from ._workload import Op, sync_unit
+
+
+def run(ctx: Context) -> None:
+    asyncio.run(measure(ctx, ctx.limit, ctx.ops, driver="psycopg"))
+
+
+def run_psycopg2(ctx: Context) -> None:
+    asyncio.run(measure(ctx, ctx.limit, ctx.ops, driver="psycopg2"))
+
+
+async def measure(
+    ctx: Context,
+    limit: int,
+    ops: list[Op],
+    *,
+    driver: str,
+    group: str = "main",
+    label: str | None = None,
+) -> None:
+    """Run ``ops`` through a ThreadOffloadRunner of ``limit`` threads on fresh tables."""
+    ctx.reset()
+    scenario = "threads" if driver == "psycopg" else f"threads-{driver}"
+    label = label or f"{scenario} (L={limit})"
+    app = ctx.app_name(label)
+    engine = ctx.db.sync_engine(app, pool_size=limit, driver=driver)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    config = {"driver": driver, "limit": limit, "pool_size": limit, "max_overflow": 0}
+    try:
+        async with (
+            ThreadOffloadRunner(sessions, limit=limit, errors="collect") as runner,
+            Probe(ctx, scenario, label, total=len(ops), app_name=app, group=group, config=config) as p,
+        ):
+            units = [sync_unit(op, p.tick) for op in ops]
+            record(p, await runner.run(units))
+    finally:
+        engine.dispose()
