@@ -192,7 +192,8 @@ class _Binding:
 
     def __init__(self, token: object, limit: int) -> None:
         self.token = token
-        self.gate = anyio.Semaphore(limit)
+        # fast_acquire: no extra trip through the event loop when a slot is free (the hot path).
+        self.gate = anyio.Semaphore(limit, fast_acquire=True)
         self.thread_limiter = anyio.CapacityLimiter(limit)
         self.users = 0
 
