@@ -11,7 +11,8 @@ rollback on failure, at most ``limit`` units (so connections) in flight:
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
 
 from ._errors import (
     BoundedDBError,
@@ -29,8 +30,8 @@ from ._runners.thread_offload import ThreadOffloadRunner
 from ._stats import RunStats
 
 try:
-    __version__ = version("boundeddb")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without metadata
+    __version__ = _version("boundeddb")
+except _PackageNotFoundError:  # pragma: no cover - running from a source tree without metadata
     __version__ = "0.0.0"
 
 __all__ = [

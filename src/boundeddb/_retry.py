@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Callable
 
@@ -54,8 +55,17 @@ def is_connection_error(error: BaseException) -> bool:
         code = sqlstate(orig)
         if code is not None:
             return code.startswith(_CONNECTION_EXCEPTION_CLASS) or code in {"57P01", "57P02", "57P03"}
-        return isinstance(orig, OSError) or isinstance(orig.__cause__, OSError)
-    return isinstance(error, OSError)
+        return _is_socket_error(orig) or _is_socket_error(orig.__cause__)
+    return _is_socket_error(error)
+
+
+def _is_socket_error(error: BaseException | None) -> bool:
+    """
+    A refused, reset or aborted connection: :class:`ConnectionError`, or a bare :class:`OSError`
+    (asyncio's "Multiple exceptions" when every address refused). Not its other subclasses:
+    :class:`TimeoutError`, :class:`FileNotFoundError` and :class:`PermissionError` are OSErrors too.
+    """
+    return isinstance(error, ConnectionError) or type(error) is OSError
 
 
 def is_transient(error: BaseException) -> bool:
@@ -122,13 +132,8 @@ class RetryPolicy:
             msg = f"attempts must be >= 1 (1 means no retry), got {self.attempts!r}"
             raise ValueError(msg)
         for name in ("initial_delay", "max_delay"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                msg = f"{name} must be a number of seconds >= 0, got {value!r}"
-                raise ValueError(msg)
-        if not isinstance(self.multiplier, (int, float)) or self.multiplier < 1:
-            msg = f"multiplier must be a number >= 1, got {self.multiplier!r}"
-            raise ValueError(msg)
+            _check_number(name, getattr(self, name), minimum=0.0, unit="a number of seconds")
+        _check_number("multiplier", self.multiplier, minimum=1.0, unit="a number")
         retry_on: object = self.retry_on
         if not callable(retry_on):
             msg = (
@@ -147,6 +152,15 @@ class RetryPolicy:
         if self.jitter:
             return random.uniform(ceiling / 2, ceiling)
         return ceiling
+
+
+def _check_number(name: str, value: object, *, minimum: float, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        msg = f"{name} must be {unit} >= {minimum:g}, got {value!r} ({type(value).__name__})"
+        raise TypeError(msg)
+    if not math.isfinite(value) or value < minimum:
+        msg = f"{name} must be {unit} >= {minimum:g} and finite, got {value!r}"
+        raise ValueError(msg)
 
 
 #: The policy that never retries: the default of every runner.

@@ -186,9 +186,21 @@ class StatsRecorder:
         if self.keep_latencies:
             self.latencies.append(latency_s)
 
+    def attempt_paused(self) -> None:
+        """A unit gave its slot back to back off before a retry: it is not in flight meanwhile."""
+        self.in_flight -= 1
+
+    def attempt_resumed(self) -> None:
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+
+    def close(self) -> None:
+        """Stop watching the pool (idempotent; also done by :meth:`finish`)."""
+        self.watch.gauge.unwatch(self.watch)
+
     def finish(self) -> RunStats:
         elapsed = perf_counter() - self.started
-        self.watch.gauge.unwatch(self.watch)
+        self.close()
         ordered = sorted(self.latencies)
         lag_p99, lag_max = self.loop_lag.summary() if self.loop_lag else (None, None)
         finished = self.succeeded + self.failed

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import threading
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import contextmanager, suppress
@@ -83,8 +84,14 @@ def check_errors(errors: object) -> ErrorsMode:
 def check_timeout(timeout: object) -> float | None:
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        msg = f"timeout must be a number of seconds > 0 (per unit attempt) or None, got {timeout!r}"
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        msg = (
+            f"timeout must be a number of seconds (per unit attempt) or None, got {timeout!r} "
+            f"({type(timeout).__name__}): pass e.g. timeout=5"
+        )
+        raise TypeError(msg)
+    if not (timeout > 0 and math.isfinite(timeout)):
+        msg = f"timeout must be a finite number of seconds > 0 (per unit attempt) or None, got {timeout!r}"
         raise ValueError(msg)
     return float(timeout)
 
@@ -364,9 +371,13 @@ class BaseRunner(Generic[MakerT]):
                         delay,
                     )
                     slot.release()  # never hold a connection slot while backing off
+                    if state.recorder is not None:
+                        state.recorder.attempt_paused()
                     await anyio.sleep(delay)
                     waited = perf_counter()
                     await slot.reacquire()
+                    if state.recorder is not None:
+                        state.recorder.attempt_resumed()
                     wait_s += perf_counter() - waited
                     attempt += 1
                 else:
@@ -479,9 +490,12 @@ class BaseRunner(Generic[MakerT]):
                 outcomes.extend([outcome] * (index + 1 - len(outcomes)))
             outcomes[index] = outcome
 
-        with self._bound() as binding:
-            await self._drive(units, binding, state, deliver)
         assert state.recorder is not None
+        try:
+            with self._bound() as binding:
+                await self._drive(units, binding, state, deliver)
+        finally:
+            state.recorder.close()
         report = RunReport(outcomes, state.recorder.finish())
         _raise_for_state(state, report, self._errors)
         return report
@@ -493,28 +507,35 @@ class BaseRunner(Generic[MakerT]):
         if isinstance(units, (list, tuple)):
             for index, unit in enumerate(units):
                 self._check_unit_now(unit, index)
-        state = self._new_state(keep_latencies=False)
-        failures: list[Outcome[Any]] = []
-        window = anyio.Semaphore(2 * self._limit)
-        send, receive = anyio.create_memory_object_stream[Outcome[Any]](self._limit)
-
-        async def deliver(outcome: Outcome[Any]) -> None:
-            if outcome.error is not None:
-                failures.append(outcome)
-            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await send.send(outcome)  # the consumer may have stopped listening
-
-        async def produce(binding: _Binding) -> None:
-            async with send:
-                await self._drive(units, binding, state, deliver, window)
-
         with self._bound() as binding:
-            async with _background(produce, binding), receive:
-                async for outcome in receive:
-                    window.release()
-                    yield outcome
-        assert state.recorder is not None
-        _raise_for_state(state, RunReport(failures, state.recorder.finish()), self._errors)
+            state = self._new_state(keep_latencies=False)
+            recorder = state.recorder
+            assert recorder is not None
+            failures: list[Outcome[Any]] = []
+            # Pulled but not yet consumed: at most twice the limit, so memory stays O(limit).
+            window = anyio.Semaphore(2 * self._limit)
+            send, receive = anyio.create_memory_object_stream[Outcome[Any]](self._limit)
+
+            async def deliver(outcome: Outcome[Any]) -> None:
+                if outcome.error is not None:
+                    failures.append(outcome)
+                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await send.send(outcome)  # the consumer may have stopped listening
+
+            async def produce(binding: _Binding) -> None:
+                async with send:
+                    await self._drive(units, binding, state, deliver, window)
+
+            try:
+                async with _background(produce, binding), receive:
+                    async for outcome in receive:
+                        window.release()
+                        yield outcome
+            finally:
+                send.close()  # in case the producer was cancelled before it started
+                receive.close()
+                recorder.close()
+        _raise_for_state(state, RunReport(failures, recorder.finish()), self._errors)
 
     async def _submit_unit(self, unit: Any) -> Any:
         self._check_unit_now(unit, 0)
@@ -717,7 +738,10 @@ def units_of(fn: object, items: object, runner: str) -> Iterable[Any] | AsyncIte
         return bind_async()
     if isinstance(items, Iterable) and not isinstance(items, (str, bytes)):
         return (BoundItem(fn, item) for item in items)
-    msg = f"items must be an iterable or async iterable, got {type(items).__name__}"
+    msg = (
+        f"items must be an iterable or async iterable, got {type(items).__name__}: "
+        f"pass e.g. a list or a generator of the items to give fn, as {runner}.map(fn, items)"
+    )
     raise TypeError(msg)
 
 

@@ -6,12 +6,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, final
 
 import anyio
+from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from .._outcome import Outcome
 from .._retry import RetryPolicy
 from .async_units import AsyncUnitsRunner, check_async_sessions
-from .base import ErrorsMode, RunState, _UnitTasks, bound_engine, resolve_limit
+from .base import ErrorsMode, RunState, _UnitTasks, bound_engine, pool_capacity, resolve_limit
 
 
 @final
@@ -29,6 +30,8 @@ class ChunkedRunner(AsyncUnitsRunner):
         sessions: The :class:`~sqlalchemy.ext.asyncio.async_sessionmaker` each unit's session
             comes from; it must be bound to one engine.
         chunk_size: Units per chunk (and most in flight at once); at most the pool's capacity.
+            Defaults to 40 (the benchmark's chunk), or to the pool's capacity if that is smaller,
+            so that ``ChunkedRunner(sessions)`` works on a default engine (capacity 15).
         errors: ``"raise"`` or ``"collect"``, as for :class:`~boundeddb.SemaphoreRunner`.
         retry: See :class:`~boundeddb.RetryPolicy`.
         timeout: Seconds each unit attempt may take.
@@ -40,7 +43,7 @@ class ChunkedRunner(AsyncUnitsRunner):
         self,
         sessions: async_sessionmaker[Any],
         *,
-        chunk_size: int = 40,
+        chunk_size: int | None = None,
         errors: ErrorsMode = "raise",
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
@@ -49,7 +52,7 @@ class ChunkedRunner(AsyncUnitsRunner):
         engine = bound_engine(sessions)
         super().__init__(
             sessions,
-            limit=resolve_limit("chunk_size", chunk_size, engine, "ChunkedRunner"),
+            limit=resolve_limit("chunk_size", _default_chunk(chunk_size, engine), engine, "ChunkedRunner"),
             errors=errors,
             retry=retry,
             timeout=timeout,
@@ -82,3 +85,14 @@ class ChunkedRunner(AsyncUnitsRunner):
                         return
                     chunk.start(unit, index, slot, wait_s)
                     index += 1
+
+
+#: The chunk of the "async chunks of 40" benchmark.
+DEFAULT_CHUNK_SIZE = 40
+
+
+def _default_chunk(chunk_size: int | None, engine: Engine) -> int | None:
+    if chunk_size is not None:
+        return chunk_size
+    capacity = pool_capacity(engine.pool)
+    return DEFAULT_CHUNK_SIZE if capacity is None else min(DEFAULT_CHUNK_SIZE, capacity)

@@ -1,0 +1,173 @@
+"""
+The public API as users see it, checked with `mypy --strict tests/typing/api.py`; never executed.
+
+pytest does not collect this file (its name does not start with ``test_``). Each ``assert_type``
+pins an inferred type; each ``# type: ignore[code]`` pins a mistake the checker must catch
+(``warn_unused_ignores``, part of ``--strict``, fails if it no longer does).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sqlalchemy import create_engine
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+import boundeddb
+from boundeddb import (
+    BoundedDBError,
+    ChunkedRunner,
+    Outcome,
+    RetryPolicy,
+    RunFailed,
+    RunReport,
+    RunStats,
+    SemaphoreRunner,
+    ThreadOffloadRunner,
+    UnitTimeout,
+    is_transient,
+)
+
+if sys.version_info >= (3, 11):
+    from typing import assert_type
+else:
+    from typing_extensions import assert_type
+
+async_sessions = async_sessionmaker(create_async_engine("postgresql+asyncpg://localhost/test"))
+sync_sessions = sessionmaker(create_engine("postgresql+psycopg://localhost/test"))
+
+
+async def unit(session: AsyncSession) -> int:
+    return 1
+
+
+async def fn(session: AsyncSession, item: str) -> float:
+    return float(len(item))
+
+
+def sync_unit(session: Session) -> str:
+    return "s"
+
+
+def sync_fn(session: Session, item: int) -> bytes:
+    return bytes(item)
+
+
+async def items() -> AsyncIterator[str]:
+    yield "a"
+
+
+async def semaphore_runner() -> None:
+    runner = SemaphoreRunner(async_sessions, limit=3, errors="collect", retry=RetryPolicy(), timeout=1.5)
+    assert_type(runner.limit, int)
+    assert_type(runner.in_flight, int)
+
+    report = await runner.run([unit])
+    assert_type(report, RunReport[int])
+    assert_type(report.values(), list[int])
+    assert_type(report.failures, list[Outcome[int]])
+    assert_type(report.stats, RunStats)
+    assert_type(await runner.run(unit for _ in range(3)), RunReport[int])
+
+    assert_type(await runner.map(fn, ["a", "b"]), RunReport[float])
+    assert_type(await runner.map(fn, items()), RunReport[float])
+    assert_type(await runner.submit(unit), int)
+
+    async for outcome in runner.stream([unit]):
+        assert_type(outcome, Outcome[int])
+        assert_type(outcome.value, int | None)
+        assert_type(outcome.error, Exception | None)
+        assert_type(outcome.unwrap(), int)
+        assert_type(outcome.ok, bool)
+        assert_type(outcome.index, int)
+        assert_type(outcome.attempts, int)
+        assert_type(outcome.latency_s, float)
+        assert_type(outcome.commit_unknown, bool)
+
+    async with SemaphoreRunner(async_sessions) as entered:
+        assert_type(entered, SemaphoreRunner)
+    await runner.aclose()
+
+
+async def chunked_runner() -> None:
+    runner = ChunkedRunner(async_sessions, chunk_size=10)
+    assert_type(runner.chunk_size, int)
+    assert_type(await runner.run([unit]), RunReport[int])
+    assert_type(await runner.map(fn, ["a"]), RunReport[float])
+    assert_type(await runner.submit(unit), int)
+    async with ChunkedRunner(async_sessions, chunk_size=10) as entered:
+        assert_type(entered, ChunkedRunner)
+
+
+async def thread_offload_runner() -> None:
+    runner = ThreadOffloadRunner(sync_sessions, limit=4)
+    assert_type(await runner.run([sync_unit]), RunReport[str])
+    assert_type(await runner.map(sync_fn, [1, 2]), RunReport[bytes])
+    assert_type(await runner.submit(sync_unit), str)
+    async for outcome in runner.stream([sync_unit]):
+        assert_type(outcome, Outcome[str])
+    async with ThreadOffloadRunner(sync_sessions) as entered:
+        assert_type(entered, ThreadOffloadRunner)
+
+
+def thread_offload_runner_from_sync_code() -> None:
+    with ThreadOffloadRunner(sync_sessions, limit=4) as runner:
+        assert_type(runner, ThreadOffloadRunner)
+        report = runner.run_sync([sync_unit])
+        assert_type(report, RunReport[str])
+        assert_type(report.values(), list[str])
+    runner.close()
+
+
+def stats(report: RunReport[int]) -> None:
+    s = report.stats
+    assert_type(s.submitted, int)
+    assert_type(s.succeeded, int)
+    assert_type(s.failed, int)
+    assert_type(s.retried, int)
+    assert_type(s.peak_in_flight, int)
+    assert_type(s.peak_connections, int)
+    assert_type(s.elapsed_s, float)
+    assert_type(s.throughput, float)
+    assert_type(s.latency_p50_s, float)
+    assert_type(s.latency_p95_s, float)
+    assert_type(s.latency_p99_s, float)
+    assert_type(s.latency_max_s, float)
+    assert_type(s.loop_lag_p99_s, float | None)
+    assert_type(s.loop_lag_max_s, float | None)
+
+
+def errors_and_retry(error: Exception) -> None:
+    assert_type(is_transient(error), bool)
+    policy = RetryPolicy(attempts=5, retry_on=lambda e: isinstance(e, KeyError))
+    assert_type(policy.delay(2), float)
+    assert_type(policy.should_retry(error, 1), bool)
+    try:
+        pass
+    except RunFailed as failed:
+        assert_type(failed.report, RunReport[Any])
+        assert_type(failed.exceptions, tuple[Exception, ...])
+    except UnitTimeout as timeout:
+        assert_type(timeout.index, int)
+        assert_type(timeout.timeout, float)
+    except BoundedDBError:
+        pass
+    assert_type(boundeddb.__version__, str)
+
+
+async def mistakes_the_checker_catches() -> None:
+    runner = SemaphoreRunner(async_sessions)
+    threads = ThreadOffloadRunner(sync_sessions)
+    SemaphoreRunner(async_sessions, errors="ignore")  # type: ignore[arg-type]
+    SemaphoreRunner(async_sessions, 3)  # type: ignore[call-arg]
+    SemaphoreRunner(sync_sessions)  # type: ignore[arg-type]
+    ThreadOffloadRunner(async_sessions)  # type: ignore[arg-type]
+    await runner.run([sync_unit])  # type: ignore[arg-type]
+    await runner.submit(sync_unit)  # type: ignore[arg-type]
+    threads.run_sync([unit])  # type: ignore[list-item]
+    _ = await threads.submit(unit)  # type: ignore[arg-type]
+    await runner.map(fn, [1, 2])  # type: ignore[arg-type]
+    RetryPolicy(retry_on=3)  # type: ignore[arg-type]
