@@ -145,6 +145,7 @@ class StatsRecorder:
     """Per-run counters, filled by the runner's per-unit path."""
 
     __slots__ = (
+        "_lock",
         "failed",
         "in_flight",
         "keep_latencies",
@@ -170,29 +171,34 @@ class StatsRecorder:
         self.loop_lag: LoopLag | None = None
         self.watch = watch_pool(pool)
         self.started = perf_counter()
+        self._lock = threading.Lock()  # ThreadOffloadRunner's worker threads report here too
 
     def unit_started(self) -> None:
-        self.submitted += 1
-        self.in_flight += 1
-        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        with self._lock:
+            self.submitted += 1
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
 
     def unit_finished(self, ok: bool, latency_s: float, attempts: int) -> None:
-        self.in_flight -= 1
-        self.retried += attempts - 1
-        if ok:
-            self.succeeded += 1
-        else:
-            self.failed += 1
-        if self.keep_latencies:
-            self.latencies.append(latency_s)
+        with self._lock:
+            self.in_flight -= 1
+            self.retried += attempts - 1
+            if ok:
+                self.succeeded += 1
+            else:
+                self.failed += 1
+            if self.keep_latencies:
+                self.latencies.append(latency_s)
 
     def attempt_paused(self) -> None:
         """A unit gave its slot back to back off before a retry: it is not in flight meanwhile."""
-        self.in_flight -= 1
+        with self._lock:
+            self.in_flight -= 1
 
     def attempt_resumed(self) -> None:
-        self.in_flight += 1
-        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        with self._lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
 
     def close(self) -> None:
         """Stop watching the pool (idempotent; also done by :meth:`finish`)."""

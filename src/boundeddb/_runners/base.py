@@ -14,7 +14,15 @@ import dataclasses
 import logging
 import math
 import threading
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+)
 from contextlib import contextmanager, suppress
 from time import perf_counter
 from typing import Any, Generic, Literal, NoReturn, TypeVar
@@ -171,6 +179,8 @@ class RunState:
     misuse: TypeError | None = None
     input_error: BaseException | None = None
     measure_loop_lag: bool = True
+    #: For ``run()``: store an outcome, synchronously and from any thread (lets threads deliver).
+    collect: Callable[[Outcome[Any]], None] | None = None
     #: In-flight statements a cancellation must stop (ThreadOffloadRunner's DBAPI connections).
     handles: set[Any] = dataclasses.field(default_factory=set)
 
@@ -314,6 +324,31 @@ class BaseRunner(Generic[MakerT]):
 
     # -- one unit: attempts, retries, slot hand-back ---------------------------------------------
 
+    def _settle_failure(
+        self, error: Exception, index: int, attempt: int, latency: float, wait_s: float, state: RunState
+    ) -> Outcome[Any] | None:
+        """The outcome of a failed attempt, or ``None`` if the unit is to be tried again."""
+        if isinstance(error, UnitMisuse):
+            if state.misuse is None:
+                state.misuse = error.error
+            state.stop = True
+            return Outcome(index, None, error.error, latency, wait_s, attempt)
+        if isinstance(error, CommitUnknown):
+            logger.warning(
+                "unit %d: the connection failed during COMMIT (%s); it may have committed",
+                index,
+                type(error.error).__qualname__,
+            )
+            if state.stop_on_failure:
+                state.stop = True
+            return Outcome(index, None, error.error, latency, wait_s, attempt, True)
+        if self._retry.should_retry(error, attempt):
+            return None
+        logger.debug("unit %d failed after %d attempt(s): %s", index, attempt, type(error).__qualname__)
+        if state.stop_on_failure:
+            state.stop = True
+        return Outcome(index, None, error, latency, wait_s, attempt)
+
     async def _unit_task(
         self,
         unit: Any,
@@ -322,63 +357,21 @@ class BaseRunner(Generic[MakerT]):
         wait_s: float,
         state: RunState,
         deliver: Callable[[Outcome[Any]], Awaitable[None]],
+        attempt: int = 1,
     ) -> None:
-        attempt = 1
         try:
             while True:
                 started = perf_counter()
                 try:
                     value = await self._attempt(unit, index, state)
-                except UnitMisuse as misuse:
-                    if state.misuse is None:
-                        state.misuse = misuse.error
-                    state.stop = True
-                    outcome: Outcome[Any] = Outcome(
-                        index, None, misuse.error, perf_counter() - started, wait_s, attempt
-                    )
-                    break
-                except CommitUnknown as unknown:
-                    logger.warning(
-                        "unit %d: the connection failed during COMMIT (%s); it may have committed",
-                        index,
-                        type(unknown.error).__qualname__,
-                    )
-                    if state.stop_on_failure:
-                        state.stop = True
-                    outcome = Outcome(
-                        index, None, unknown.error, perf_counter() - started, wait_s, attempt, True
-                    )
-                    break
                 except Exception as error:
-                    latency = perf_counter() - started
-                    if not self._retry.should_retry(error, attempt):
-                        logger.debug(
-                            "unit %d failed after %d attempt(s): %s",
-                            index,
-                            attempt,
-                            type(error).__qualname__,
-                        )
-                        if state.stop_on_failure:
-                            state.stop = True
-                        outcome = Outcome(index, None, error, latency, wait_s, attempt)
-                        break
-                    delay = self._retry.delay(attempt)
-                    logger.warning(
-                        "unit %d attempt %d failed with %s; retrying in %.3f s",
-                        index,
-                        attempt,
-                        type(error).__qualname__,
-                        delay,
+                    settled = self._settle_failure(
+                        error, index, attempt, perf_counter() - started, wait_s, state
                     )
-                    slot.release()  # never hold a connection slot while backing off
-                    if state.recorder is not None:
-                        state.recorder.attempt_paused()
-                    await anyio.sleep(delay)
-                    waited = perf_counter()
-                    await slot.reacquire()
-                    if state.recorder is not None:
-                        state.recorder.attempt_resumed()
-                    wait_s += perf_counter() - waited
+                    if settled is not None:
+                        outcome = settled
+                        break
+                    wait_s += await self._back_off(index, attempt, error, slot, state)
                     attempt += 1
                 else:
                     outcome = Outcome(index, value, None, perf_counter() - started, wait_s, attempt)
@@ -389,11 +382,33 @@ class BaseRunner(Generic[MakerT]):
             state.recorder.unit_finished(outcome.error is None, outcome.latency_s, attempt)
         await deliver(outcome)
 
+    async def _back_off(
+        self, index: int, attempt: int, error: Exception, slot: Slot, state: RunState
+    ) -> float:
+        """Give the slot back, sleep the policy's delay, take a slot again; return the slot wait."""
+        delay = self._retry.delay(attempt)
+        logger.warning(
+            "unit %d attempt %d failed with %s; retrying in %.3f s",
+            index,
+            attempt,
+            type(error).__qualname__,
+            delay,
+        )
+        slot.release()  # never hold a connection slot while backing off
+        if state.recorder is not None:
+            state.recorder.attempt_paused()
+        await anyio.sleep(delay)
+        waited = perf_counter()
+        await slot.reacquire()
+        if state.recorder is not None:
+            state.recorder.attempt_resumed()
+        return perf_counter() - waited
+
     # -- many units: pulling lazily under the limit -----------------------------------------------
 
     async def _pace(
         self,
-        pull: Callable[[], Awaitable[Any]],
+        pull: Puller,
         gate: anyio.Semaphore,
         state: RunState,
         deliver: Callable[[Outcome[Any]], Awaitable[None]],
@@ -401,7 +416,7 @@ class BaseRunner(Generic[MakerT]):
     ) -> None:
         """Sliding window: start a unit whenever a slot is free; acquire the slot *before* pulling."""
         index = 0
-        async with _UnitTasks(self, state, deliver) as units:
+        async with UnitTasks(self, state, deliver) as units:
             while True:
                 slot, unit, wait_s = await self._next_unit(pull, gate, state, window, index)
                 if slot is None:
@@ -411,7 +426,7 @@ class BaseRunner(Generic[MakerT]):
 
     async def _next_unit(
         self,
-        pull: Callable[[], Awaitable[Any]],
+        pull: Puller,
         gate: anyio.Semaphore,
         state: RunState,
         window: anyio.Semaphore | None,
@@ -453,7 +468,7 @@ class BaseRunner(Generic[MakerT]):
         window: anyio.Semaphore | None = None,
     ) -> None:
         """Run every unit of ``units`` (with the loop-lag ticker and the canceller beside them)."""
-        pull = _puller(units)
+        pull = Puller(units)
         on_cancel = self._on_cancel_statements(state)
         async with anyio.create_task_group() as helpers:
             if state.recorder is not None and state.measure_loop_lag:
@@ -483,12 +498,19 @@ class BaseRunner(Generic[MakerT]):
                 self._check_unit_now(unit, index)
         outcomes: list[Outcome[Any]] = []
         state = self._new_state(measure_loop_lag=measure_loop_lag)
+        lock = threading.Lock()
+
+        def collect(outcome: Outcome[Any]) -> None:
+            index = outcome.index
+            with lock:
+                if index >= len(outcomes):
+                    outcomes.extend([outcome] * (index + 1 - len(outcomes)))
+                outcomes[index] = outcome
 
         async def deliver(outcome: Outcome[Any]) -> None:
-            index = outcome.index
-            if index >= len(outcomes):
-                outcomes.extend([outcome] * (index + 1 - len(outcomes)))
-            outcomes[index] = outcome
+            collect(outcome)
+
+        state.collect = collect
 
         assert state.recorder is not None
         try:
@@ -556,7 +578,7 @@ class BaseRunner(Generic[MakerT]):
                 if on_cancel is not None:
                     helpers.start_soon(_call_when_cancelled, on_cancel)
                 try:
-                    async with _UnitTasks(self, state, deliver) as units:
+                    async with UnitTasks(self, state, deliver) as units:
                         units.start(unit, 0, slot, perf_counter() - waited)
                 finally:
                     helpers.cancel_scope.cancel()
@@ -607,23 +629,25 @@ def _checked_iterable(units: object, name: str) -> Iterable[Any] | AsyncIterable
     raise TypeError(msg)
 
 
-def _puller(units: Iterable[Any] | AsyncIterable[Any]) -> Callable[[], Awaitable[Any]]:
-    if isinstance(units, AsyncIterable):
-        async_iterator = aiter(units)
+class Puller:
+    """Pulls units one at a time (``await pull()``); ``iterator`` is set for plain iterables."""
 
-        async def pull_async() -> Any:
-            return await anext(async_iterator, _END)
+    def __init__(self, units: Iterable[Any] | AsyncIterable[Any]) -> None:
+        self.iterator: Iterator[Any] | None = None
+        self._async_iterator: AsyncIterator[Any] | None = None
+        if isinstance(units, AsyncIterable):
+            self._async_iterator = aiter(units)
+        else:
+            self.iterator = iter(units)
 
-        return pull_async
-    iterator = iter(units)
-
-    async def pull() -> Any:
-        return next(iterator, _END)
-
-    return pull
+    async def __call__(self) -> Any:
+        if self.iterator is not None:
+            return next(self.iterator, _END)
+        assert self._async_iterator is not None
+        return await anext(self._async_iterator, _END)
 
 
-class _UnitTasks:
+class UnitTasks:
     """A task group for unit tasks that gives back the slots of tasks cancelled before they ran."""
 
     def __init__(
@@ -638,19 +662,20 @@ class _UnitTasks:
         self._group = anyio.create_task_group()
         self._slots: set[Slot] = set()
 
-    async def __aenter__(self) -> _UnitTasks:
+    async def __aenter__(self) -> UnitTasks:
         await self._group.__aenter__()
         return self
 
-    def start(self, unit: Any, index: int, slot: Slot, wait_s: float) -> None:
-        if self._state.recorder is not None:
+    def start(self, unit: Any, index: int, slot: Slot, wait_s: float, *, attempt: int = 1) -> None:
+        """Run ``unit`` holding ``slot``; ``attempt`` > 1 continues a unit already counted."""
+        if self._state.recorder is not None and attempt == 1:
             self._state.recorder.unit_started()
         self._slots.add(slot)
-        self._group.start_soon(self._run, unit, index, slot, wait_s)
+        self._group.start_soon(self._run, unit, index, slot, wait_s, attempt)
 
-    async def _run(self, unit: Any, index: int, slot: Slot, wait_s: float) -> None:
+    async def _run(self, unit: Any, index: int, slot: Slot, wait_s: float, attempt: int) -> None:
         try:
-            await self._runner._unit_task(unit, index, slot, wait_s, self._state, self._deliver)
+            await self._runner._unit_task(unit, index, slot, wait_s, self._state, self._deliver, attempt)
         finally:
             self._slots.discard(slot)
 

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from .._outcome import Outcome
 from .._retry import RetryPolicy
 from .async_units import AsyncUnitsRunner, check_async_sessions
-from .base import ErrorsMode, RunState, _UnitTasks, bound_engine, pool_capacity, resolve_limit
+from .base import ErrorsMode, Puller, RunState, UnitTasks, bound_engine, pool_capacity, resolve_limit
 
 
 @final
@@ -69,7 +69,7 @@ class ChunkedRunner(AsyncUnitsRunner):
 
     async def _pace(
         self,
-        pull: Callable[[], Awaitable[Any]],
+        pull: Puller,
         gate: anyio.Semaphore,
         state: RunState,
         deliver: Callable[[Outcome[Any]], Awaitable[None]],
@@ -78,7 +78,7 @@ class ChunkedRunner(AsyncUnitsRunner):
         """Start up to ``chunk_size`` units (each as its slot frees), then wait for all of them."""
         index = 0
         while True:
-            async with _UnitTasks(self, state, deliver) as chunk:
+            async with UnitTasks(self, state, deliver) as chunk:
                 for _ in range(self._limit):
                     slot, unit, wait_s = await self._next_unit(pull, gate, state, window, index)
                     if slot is None:

@@ -24,6 +24,7 @@ from .base import (
     BoundItem,
     CommitUnknown,
     ErrorsMode,
+    Puller,
     RunState,
     UnitMisuse,
     bound_engine,
@@ -33,39 +34,10 @@ from .base import (
     resolve_limit,
     units_of,
 )
+from .lanes import Handle, Lanes, cancel_all
 
 #: SQLSTATE query_canceled: PostgreSQL's answer to statement_timeout (and to a cancel request).
 _QUERY_CANCELED = "57014"
-
-
-class _Handle:
-    """The DBAPI connection of one unit running in a thread, so that a cancellation can stop it."""
-
-    __slots__ = ("cancelled", "dbapi")
-
-    def __init__(self) -> None:
-        self.dbapi: Any = None
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        """Ask the server to stop this unit's statement (called from another thread)."""
-        self.cancelled = True
-        dbapi = self.dbapi
-        if dbapi is None:
-            return
-        for method in ("cancel_safe", "cancel", "interrupt"):  # psycopg 3.2+, psycopg2/3, sqlite3
-            cancel = getattr(dbapi, method, None)
-            if cancel is not None:
-                try:
-                    cancel()
-                except Exception as error:  # the unit may have just finished
-                    logger.debug("cancelling a unit's statement failed: %s", type(error).__qualname__)
-                return
-
-
-def _cancel_all(handles: list[_Handle]) -> None:
-    for handle in handles:
-        handle.cancel()
 
 
 def _close(session: Session) -> None:
@@ -181,7 +153,7 @@ class ThreadOffloadRunner(BaseRunner[Any]):
             raise UnitMisuse(msg)
 
     async def _attempt(self, unit: Any, index: int, state: RunState) -> Any:
-        handle = _Handle()
+        handle = Handle()
         state.handles.add(handle)
         binding = self._binding
         assert binding is not None
@@ -192,7 +164,7 @@ class ThreadOffloadRunner(BaseRunner[Any]):
         finally:
             state.handles.discard(handle)
 
-    def _in_thread(self, unit: Any, index: int, handle: _Handle) -> Any:
+    def _in_thread(self, unit: Any, index: int, handle: Handle) -> Any:
         session: Session = self._sessions()
         try:
             transaction = session.begin()
@@ -233,11 +205,28 @@ class ThreadOffloadRunner(BaseRunner[Any]):
             handle.dbapi = None
             _close(session)
 
+    async def _pace(
+        self,
+        pull: Puller,
+        gate: anyio.Semaphore,
+        state: RunState,
+        deliver: Callable[[Outcome[Any]], Awaitable[None]],
+        window: anyio.Semaphore | None,
+    ) -> None:
+        """A plain iterable in ``run()``: lanes (see ``lanes.py``); anything else: unit by unit."""
+        binding = self._binding
+        if window is None and pull.iterator is not None and state.collect is not None and binding:
+            lanes = Lanes(self, pull.iterator, gate, binding.thread_limiter, state, deliver)
+            await lanes.run()
+        else:
+            await super()._pace(pull, gate, state, deliver, window)
+
     def _on_cancel_statements(self, state: RunState) -> Callable[[], Awaitable[None]] | None:
         async def cancel_statements() -> None:
+            state.stop = True  # lanes end after their unit
             handles = list(state.handles)
             if handles:
-                await anyio.to_thread.run_sync(_cancel_all, handles)
+                await anyio.to_thread.run_sync(cancel_all, handles)
 
         return cancel_statements
 
