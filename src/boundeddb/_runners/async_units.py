@@ -14,16 +14,9 @@ from sqlalchemy.orm import sessionmaker
 from .._errors import UnitTimeout
 from .._outcome import Outcome, RunReport
 from .._typing import AsyncUnit, ItemT, T
-from .base import (
-    BaseRunner,
-    CommitUnknown,
-    RunState,
-    UnitMisuse,
-    commit_fate_unknown,
-    ended_transaction_message,
-    logger,
-    units_of,
-)
+from .base import BaseRunner
+from .checks import ended_transaction_message, units_of
+from .tasks import CommitUnknown, RunState, UnitMisuse, commit_fate_unknown, logger
 
 
 def check_async_sessions(sessions: object, runner: str) -> Any:

@@ -12,7 +12,8 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from .._outcome import Outcome
 from .._retry import RetryPolicy
 from .async_units import AsyncUnitsRunner, check_async_sessions
-from .base import ErrorsMode, Puller, RunState, UnitTasks, bound_engine, pool_capacity, resolve_limit
+from .checks import ErrorsMode, bound_engine, pool_capacity, resolve_limit
+from .tasks import Puller, RunState, UnitTasks
 
 
 @final

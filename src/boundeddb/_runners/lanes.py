@@ -25,7 +25,7 @@ import anyio
 import anyio.to_thread
 
 from .._outcome import Outcome
-from .base import _END, RunState, Slot, UnitMisuse, UnitTasks, logger
+from .tasks import END, RunState, Slot, UnitMisuse, UnitTasks, logger
 
 if TYPE_CHECKING:
     from .thread_offload import ThreadOffloadRunner
@@ -134,18 +134,18 @@ class Lanes:
                 slot.release()
 
     def _pull(self) -> tuple[Any, int]:
-        """The next unit and its index, or ``_END``; in a worker thread, under the pull lock."""
+        """The next unit and its index, or ``END``; in a worker thread, under the pull lock."""
         with self._pull_lock:
             if self._done():
-                return _END, -1
+                return END, -1
             try:
-                unit = next(self._iterator, _END)
+                unit = next(self._iterator, END)
             except Exception as error:  # the caller's iterable failed: drain, then re-raise it
                 self._state.input_error, self._state.stop = error, True
-                unit = _END
-            if unit is _END:
+                unit = END
+            if unit is END:
                 self._exhausted = True
-                return _END, -1
+                return END, -1
             index = self._next_index
             self._next_index += 1
             return unit, index
@@ -179,7 +179,7 @@ class Lanes:
         """Pull one unit and run its first attempt; ``None`` when the lane is to end."""
         runner, state = self._runner, self._state
         unit, index = self._pull()
-        if unit is _END:
+        if unit is END:
             return None
         try:
             runner._check_unit(unit, index)

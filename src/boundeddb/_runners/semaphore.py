@@ -8,7 +8,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from .._retry import RetryPolicy
 from .async_units import AsyncUnitsRunner, check_async_sessions
-from .base import ErrorsMode, bound_engine, resolve_limit
+from .checks import ErrorsMode, bound_engine, resolve_limit
 
 
 @final

@@ -19,22 +19,10 @@ from .._errors import UnitTimeout
 from .._outcome import Outcome, RunReport
 from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
-from .base import (
-    BaseRunner,
-    BoundItem,
-    CommitUnknown,
-    ErrorsMode,
-    Puller,
-    RunState,
-    UnitMisuse,
-    bound_engine,
-    commit_fate_unknown,
-    ended_transaction_message,
-    logger,
-    resolve_limit,
-    units_of,
-)
+from .base import BaseRunner
+from .checks import BoundItem, ErrorsMode, bound_engine, ended_transaction_message, resolve_limit, units_of
 from .lanes import Handle, Lanes, cancel_all
+from .tasks import CommitUnknown, Puller, RunState, UnitMisuse, commit_fate_unknown, logger
 
 #: SQLSTATE query_canceled: PostgreSQL's answer to statement_timeout (and to a cancel request).
 _QUERY_CANCELED = "57014"

@@ -1,0 +1,169 @@
+"""Argument checks that teach the fix, and what a sessionmaker's pool can hold."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from typing import Any, Literal
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import AssertionPool, Pool, QueuePool, StaticPool
+
+from .._retry import NO_RETRY, RetryPolicy
+
+ErrorsMode = Literal["raise", "collect"]
+
+
+def check_positive_int(name: str, value: object, *, hint: str) -> int:
+    """Return ``value`` if it is an int >= 1, else raise an error that names it and the fix."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"{name} must be an int >= 1, got {value!r} ({type(value).__name__}): {hint}"
+        raise TypeError(msg)
+    if value < 1:
+        msg = f"{name} must be >= 1, got {value!r}: {hint}"
+        raise ValueError(msg)
+    return value
+
+
+def check_errors(errors: object) -> ErrorsMode:
+    if errors not in ("raise", "collect"):
+        msg = (
+            f"errors must be 'raise' (stop at the first failed unit and raise RunFailed) "
+            f"or 'collect' (run every unit, failures become outcomes), got {errors!r}"
+        )
+        raise ValueError(msg)
+    return errors
+
+
+def check_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        msg = (
+            f"timeout must be a number of seconds (per unit attempt) or None, got {timeout!r} "
+            f"({type(timeout).__name__}): pass e.g. timeout=5"
+        )
+        raise TypeError(msg)
+    if not (timeout > 0 and math.isfinite(timeout)):
+        msg = f"timeout must be a finite number of seconds > 0 (per unit attempt) or None, got {timeout!r}"
+        raise ValueError(msg)
+    return float(timeout)
+
+
+def check_retry(retry: object) -> RetryPolicy:
+    if retry is None:
+        return NO_RETRY
+    if not isinstance(retry, RetryPolicy):
+        msg = (
+            f"retry must be a boundeddb.RetryPolicy or None, got {retry!r}: "
+            "pass e.g. retry=RetryPolicy(attempts=3)"
+        )
+        raise TypeError(msg)
+    return retry
+
+
+def pool_capacity(pool: Pool) -> int | None:
+    """How many connections ``pool`` can hand out at once, or ``None`` if it has no fixed cap."""
+    if isinstance(pool, QueuePool):
+        overflow: int = pool._max_overflow
+        return None if overflow < 0 else pool.size() + overflow
+    if isinstance(pool, (StaticPool, AssertionPool)):
+        return 1  # one connection, shared: units must not overlap on it
+    return None
+
+
+def resolve_limit(name: str, limit: object, engine: Engine, runner: str) -> int:
+    """Check ``limit`` against the engine's pool, or default it to the pool's capacity."""
+    pool = engine.pool
+    capacity = pool_capacity(pool)
+    if limit is None:
+        if capacity is None:
+            msg = (
+                f"{runner} needs an explicit {name}: the engine's pool ({type(pool).__name__}) has no fixed "
+                f"capacity to default to. Pass {name}=N, at most what the database accepts "
+                f"(for example {name}=10)."
+            )
+            raise ValueError(msg)
+        return capacity
+    value = check_positive_int(
+        name, limit, hint=f"pass how many units may hold a connection at once, e.g. {name}=10"
+    )
+    if capacity is not None and value > capacity:
+        size = pool.size() if isinstance(pool, QueuePool) else capacity
+        overflow = capacity - size
+        msg = (
+            f"{name}={value} is more than the pool can hand out: its capacity is {capacity} "
+            f"(pool_size={size} + max_overflow={overflow}), so units would queue for connections "
+            f"and could hit the pool timeout. Pass {name}<={capacity}, or create the engine with "
+            f"pool_size + max_overflow >= {value}."
+        )
+        raise ValueError(msg)
+    return value
+
+
+def bound_engine(sessions: Any) -> Engine:
+    """The sync Engine behind a sessionmaker's ``bind`` (an AsyncEngine's ``sync_engine``)."""
+    bind = sessions.kw.get("bind")
+    if isinstance(bind, AsyncEngine):
+        return bind.sync_engine
+    if isinstance(bind, Engine):
+        return bind
+    msg = (
+        f"sessions must be bound to one engine, got bind={bind!r}: "
+        "create it as sessionmaker(engine) / async_sessionmaker(engine)"
+    )
+    raise ValueError(msg)
+
+
+def checked_iterable(units: object, name: str) -> Iterable[Any] | AsyncIterable[Any]:
+    if isinstance(units, (Iterable, AsyncIterable)) and not isinstance(units, (str, bytes)):
+        return units
+    msg = (
+        f"{name} must be an iterable or async iterable of units, got {type(units).__name__}: "
+        "pass e.g. a list or a generator of functions that take the session"
+    )
+    raise TypeError(msg)
+
+
+def ended_transaction_message(index: int) -> str:
+    return (
+        f"unit {index} ended the runner's transaction itself (it called session.commit(), "
+        "rollback() or close()): whatever it committed stays committed and the rest was rolled "
+        "back. The runner owns the transaction and commits when the unit returns: remove the call "
+        "(use session.flush() to send changes early)"
+    )
+
+
+def units_of(fn: object, items: object, runner: str) -> Iterable[Any] | AsyncIterable[Any]:
+    """Turn ``map(fn, items)`` into lazy units ``fn(session, item)``."""
+    if not callable(fn):
+        msg = f"fn must be callable as fn(session, item), got {fn!r}: pass the function to {runner}.map()"
+        raise TypeError(msg)
+    if isinstance(items, AsyncIterable):
+
+        async def bind_async() -> AsyncIterator[Callable[[Any], Any]]:
+            async for item in items:
+                yield BoundItem(fn, item)
+
+        return bind_async()
+    if isinstance(items, Iterable) and not isinstance(items, (str, bytes)):
+        return (BoundItem(fn, item) for item in items)
+    msg = (
+        f"items must be an iterable or async iterable, got {type(items).__name__}: "
+        f"pass e.g. a list or a generator of the items to give fn, as {runner}.map(fn, items)"
+    )
+    raise TypeError(msg)
+
+
+class BoundItem:
+    """``fn(session, item)`` as a unit; keeps ``fn``'s kind visible to unit checks."""
+
+    __slots__ = ("fn", "item")
+
+    def __init__(self, fn: Callable[..., Any], item: Any) -> None:
+        self.fn = fn
+        self.item = item
+
+    def __call__(self, session: Any) -> Any:
+        return self.fn(session, self.item)
