@@ -1,0 +1,151 @@
+"""A timeout that lands during COMMIT, the chunk barrier, and one runner on two event loops."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
+
+from boundeddb import ChunkedRunner, RunnerBusyElsewhereError, ThreadOffloadRunner, UnitTimeout
+from tests.conftest import Item, committed_units
+
+pytestmark = [pytest.mark.postgres]
+
+
+@pytest.fixture
+def slow_commit(admin: Engine, items_table: None) -> Iterator[None]:
+    """A deferred constraint trigger that sleeps 2 s when a transaction that inserted an item commits."""
+    with admin.connect() as connection:
+        connection.execute(
+            text(
+                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$"
+            )
+        )
+        connection.execute(
+            text(
+                "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON items "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
+            )
+        )
+    yield
+    with admin.connect() as connection:
+        connection.execute(text("DROP TRIGGER IF EXISTS slow_commit ON items"))
+        connection.execute(text("DROP FUNCTION IF EXISTS slow_commit()"))
+
+
+async def insert_item(session: AsyncSession) -> int:
+    session.add(Item(key="k0", unit=0))
+    await session.flush()  # fast: the trigger is deferred to COMMIT
+    return 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.usefixtures("slow_commit")
+async def test_a_timeout_during_commit_is_reported_as_commit_unknown(
+    make_async_engine: Any, admin: Engine
+) -> None:
+    """An async unit whose COMMIT outlives the timeout fails with commit_unknown set, unretried."""
+    from boundeddb import RetryPolicy, SemaphoreRunner
+
+    retry_all = RetryPolicy(attempts=5, initial_delay=0.01, retry_on=lambda error: True)
+    runner = SemaphoreRunner(
+        async_sessionmaker(make_async_engine(pool_size=2)),
+        limit=2,
+        timeout=0.5,
+        errors="collect",
+        retry=retry_all,
+    )
+    report = await runner.run([insert_item])
+    [outcome] = report.outcomes
+    assert isinstance(outcome.error, UnitTimeout)
+    assert outcome.commit_unknown is True
+    assert outcome.attempts == 1, "a commit of unknown fate is never retried, whatever the policy"
+    # Here the cancel request reached the server in time, so the commit did not happen.
+    assert committed_units(admin) == []
+
+
+@pytest.mark.usefixtures("slow_commit")
+def test_a_thread_units_slow_commit_is_not_interrupted_and_is_reported_truthfully(
+    make_sync_engine: Any, admin: Engine
+) -> None:
+    """A thread unit's COMMIT is not cut short (a thread cannot be): it committed, and says so."""
+    # statement_timeout (SET LOCAL) bounds the unit's statements; observed on PostgreSQL 15/16, it
+    # does not stop deferred work at COMMIT. The transaction commits after 2 s, past timeout=0.5:
+    # reporting UnitTimeout would claim a rollback that did not happen, so the outcome is ok.
+
+    def insert(session: Session) -> int:
+        session.add(Item(key="k0", unit=0))
+        session.flush()
+        return 0
+
+    runner = ThreadOffloadRunner(
+        sessionmaker(make_sync_engine("psycopg", pool_size=2)), limit=2, timeout=0.5, errors="collect"
+    )
+    report = runner.run_sync([insert])
+    [outcome] = report.outcomes
+    assert outcome.ok
+    assert outcome.latency_s > 0.5
+    assert committed_units(admin) == [0]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_chunked_runner_waits_for_the_whole_chunk(make_async_engine: Any) -> None:
+    """No unit of chunk k+1 starts before every unit of chunk k has finished (the barrier)."""
+    chunk = 4
+    runner = ChunkedRunner(async_sessionmaker(make_async_engine(pool_size=chunk)), chunk_size=chunk)
+    events: list[tuple[str, int]] = []
+
+    def unit_for(i: int) -> Any:
+        async def unit(session: AsyncSession) -> int:
+            events.append(("start", i))
+            # The first unit of each chunk is slow, so a sliding window would overtake it.
+            seconds = 0.2 if i % chunk == 0 else 0.0
+            await session.execute(text("SELECT pg_sleep(CAST(:s AS float))"), {"s": seconds})
+            events.append(("end", i))
+            return i
+
+        return unit
+
+    report = await runner.run(unit_for(i) for i in range(3 * chunk))
+    assert report.values() == list(range(3 * chunk))
+    for k in range(1, 3):
+        first_start = events.index(("start", k * chunk))
+        previous_ends = [events.index(("end", i)) for i in range((k - 1) * chunk, k * chunk)]
+        assert max(previous_ends) < first_start
+
+
+def test_a_runner_busy_on_one_loop_refuses_another(make_sync_engine: Any) -> None:
+    """While a run is in flight on one event loop, a call from another loop is refused clearly."""
+    runner = ThreadOffloadRunner(sessionmaker(make_sync_engine("psycopg", pool_size=2)), limit=2)
+    started = threading.Event()
+    release = threading.Event()
+
+    def blocking_unit(session: Session) -> int:
+        session.execute(text("SELECT 1"))
+        started.set()
+        release.wait(30)
+        return 1
+
+    result: list[Any] = []
+    other = threading.Thread(target=lambda: result.append(runner.run_sync([blocking_unit])))
+    other.start()
+    try:
+        assert started.wait(30)
+        with pytest.raises(RunnerBusyElsewhereError, match="has work in flight on another event loop"):
+            anyio.run(runner.run, [lambda session: 2])
+    finally:
+        release.set()
+        other.join(30)
+    assert result[0].values() == [1]
+    # Once the first loop is done, the runner serves the next loop.
+    assert runner.run_sync([lambda session: 3]).values() == [3]
