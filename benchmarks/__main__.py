@@ -1,8 +1,9 @@
 """
 ``python -m benchmarks``: run the suite, print the report, write JSON, Markdown and charts.
 
-The default suite (N=5,000) takes a few minutes on 2 cores; ``--n 35000`` is the post's full
-reproduction (and then ``memory`` streams 1,000,000 units).
+The default suite (N=5,000) takes about 8 minutes on 2 cores; ``--n 35000`` is the post's full
+reproduction (and then ``memory`` streams 1,000,000 units): about 35 minutes on 2 cores, and about
+45 with ``--index --sweep-n 3500``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from . import (
     limit_sweep,
     loop_lag,
     memory,
+    overhead,
     raw_asyncpg,
     semaphore,
     sync,
@@ -50,6 +52,7 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "threads-psycopg2": threads.run_psycopg2,
     "hand-rolled": hand_rolled.run,
     "raw-asyncpg": raw_asyncpg.run,
+    "overhead": overhead.run,
     "limit-sweep": limit_sweep.run,
     "loop-lag": loop_lag.run,
     "memory": memory.run,
@@ -65,11 +68,15 @@ THROUGHPUT = (
     "hand-rolled",
     "raw-asyncpg",
 )
+#: Scenarios that ``--index`` runs a second time, on the indexed schema.
+INDEX_PASS = (*THROUGHPUT, "overhead")
 PACKAGES = (
     "boundeddb", "sqlalchemy", "asyncpg", "psycopg", "psycopg-binary", "psycopg2-binary", "greenlet",
     "anyio", "starlette", "uvicorn", "httpx", "pgserver", "matplotlib", "rich", "psutil",
 )  # fmt: skip
 RESULTS = Path(__file__).with_name("results")
+#: Default DB requests per loop-lag variant: N/2, at most this (the scenario has 15 variants).
+LOOP_LAG_REQUESTS_CAP = 5_000
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -99,7 +106,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         help="units for the memory scenario (default 50,000; 1,000,000 when N >= 35,000)",
     )
-    p.add_argument("--loop-lag-requests", type=int, help="DB requests per loop-lag variant (default N/2)")
+    p.add_argument(
+        "--loop-lag-requests",
+        type=int,
+        help=f"DB requests per loop-lag variant (default N/2, at most {LOOP_LAG_REQUESTS_CAP:,})",
+    )
+    p.add_argument(
+        "--overhead-rounds",
+        type=int,
+        default=overhead.DEFAULT_ROUNDS,
+        metavar="K",
+        help=f"ABBA rounds of the overhead scenario (default {overhead.DEFAULT_ROUNDS})",
+    )
     p.add_argument("--embedded", action="store_true", help="use an embedded pgserver even if one answers")
     args = p.parse_args(argv)
     n = args.n or (1_000 if args.quick else 5_000)
@@ -107,10 +125,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.sweep_n = args.sweep_n or max(100, n // 5)
     default_memory = 1_000_000 if n >= 35_000 else (5_000 if args.quick else 50_000)
     args.memory_units = args.memory_units or default_memory
-    args.loop_lag_requests = args.loop_lag_requests or max(200, min(n // 2, 10_000))
+    args.loop_lag_requests = args.loop_lag_requests or max(200, min(n // 2, LOOP_LAG_REQUESTS_CAP))
     args.scenario = args.scenario or list(SCENARIOS)
-    if args.limit < 1 or n < 2:
-        p.error("--limit must be >= 1 and --n >= 2")
+    if args.limit < 1 or n < 2 or args.overhead_rounds < 1:
+        p.error("--limit and --overhead-rounds must be >= 1 and --n >= 2")
     return args
 
 
@@ -137,6 +155,7 @@ def environment(args: argparse.Namespace, db: Database) -> dict[str, Any]:
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         "versions": versions,
         "git_commit": commit or None,
         "database": db.shown,
@@ -150,6 +169,8 @@ def environment(args: argparse.Namespace, db: Database) -> dict[str, Any]:
         "sweep_n": args.sweep_n,
         "memory_units": args.memory_units,
         "loop_lag_requests": args.loop_lag_requests,
+        "overhead_rounds": args.overhead_rounds,
+        "overhead_n": min(args.n, overhead.MAX_OPS),
         "index": args.index,
         "scenarios": args.scenario,
         "pool_settings": "per result: config (pool_size, max_overflow=0, pool_timeout=60 s unless noted)",
@@ -177,7 +198,7 @@ def run_suite(ctx: Context, names: list[str], *, index: bool) -> None:
     for use_index in passes:
         ctx.index = use_index
         for name in names:
-            if ctx.index and name not in THROUGHPUT:
+            if ctx.index and name not in INDEX_PASS:
                 continue
             before = len(ctx.results)
             started = time.perf_counter()
@@ -212,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep_n=min(args.sweep_n, args.n),
             memory_units=args.memory_units,
             loop_lag_requests=args.loop_lag_requests,
+            overhead_rounds=args.overhead_rounds,
             progress=progress,
         )
         try:
@@ -222,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:
                 print(f"could not drop the benchmark schema: {exc}", file=sys.stderr)
     env["suite_wall_s"] = round(time.perf_counter() - started, 1)
+    env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     text, data = _report.render(env, ctx.results)
     charts = [
         _charts.connections(out / "connections.png", [m for m in ctx.results if m.group == "main"]),

@@ -64,14 +64,14 @@ def loop_lag(path: Path, rows: list[Measurement]) -> Path | None:
     rows = [m for m in rows if not m.error and m.extra.get("ping_p99_s")]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(max(9.0, 0.8 * len(rows) + 2), 5.5))
     names = [m.label.removeprefix("loop-lag ") for m in rows]
     width = 0.27
     for k, (key, label) in enumerate((("ping_p50_s", "p50"), ("ping_p99_s", "p99"), ("ping_max_s", "max"))):
         xs = [i + (k - 1) * width for i in range(len(rows))]
         ax.bar(xs, [(m.extra.get(key) or 0) * 1e3 for m in rows], width, label=label)
     ax.axhline(100, color="grey", linestyle=":", label="100 ms")
-    ax.set_xticks(range(len(rows)), names)
+    ax.set_xticks(range(len(rows)), names, rotation=35, ha="right", fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("/ping latency, ms")
     ax.set_title("/ping latency while the app serves DB requests")

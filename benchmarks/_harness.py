@@ -118,6 +118,7 @@ class Context:
     sweep_n: int
     memory_units: int
     loop_lag_requests: int
+    overhead_rounds: int = 3
     progress: Progress | None = None
     index: bool = False
     results: list[Measurement] = field(default_factory=list)
@@ -282,6 +283,7 @@ class Probe:
         m.rss_growth_mb = (self._sampler.rss_peak - self._sampler.rss0) / 2**20
         if self._sampler.error:
             m.extra["sampler_error"] = self._sampler.error
+        m.extra["loadavg_1m"] = round(os.getloadavg()[0], 2)  # the machine's, ours included
         m.p50_s = percentile(self.latencies, 0.50)
         m.p99_s = percentile(self.latencies, 0.99)
         m.max_s = max(self.latencies, default=None)

@@ -1,8 +1,9 @@
 """
 The loop-lag scenario's load generator and pinger, each run as a separate process (own GIL).
 
-``python _loadgen.py db BASE_URL REQUESTS CONCURRENCY N_OPS`` sends REQUESTS requests to
-``BASE_URL/db/{i}`` from CONCURRENCY workers, each with its own ``httpx.AsyncClient`` and
+``python _loadgen.py db BASE_URL REQUESTS CONCURRENCY N_OPS [DEADLINE_S]`` sends REQUESTS
+requests (or as many as it can before DEADLINE_S seconds) to ``BASE_URL/db/{i}`` from
+CONCURRENCY workers, each with its own ``httpx.AsyncClient`` and
 keep-alive connection (one client shared by 50 workers spends most of its CPU in its own pool).
 ``python _loadgen.py ping BASE_URL`` sends one ``/ping`` at a time, 20 ms apart, with a sync
 ``httpx.Client``, until its standard input closes.
@@ -39,11 +40,12 @@ def _handshake() -> None:
         raise SystemExit("no go")
 
 
-async def db(base: str, requests: int, concurrency: int, n_ops: int) -> dict[str, Any]:
+async def db(
+    base: str, requests: int, concurrency: int, n_ops: int, deadline_s: float = DEADLINE_S
+) -> dict[str, Any]:
     counter = itertools.count()
     latencies: list[float] = []
     errors: list[str] = []
-    deadline = time.perf_counter() + DEADLINE_S
     clients = [httpx.AsyncClient(base_url=base, timeout=120.0) for _ in range(concurrency)]
     try:
         await asyncio.gather(*(c.get("/ping") for c in clients))  # connect before timing
@@ -62,9 +64,10 @@ async def db(base: str, requests: int, concurrency: int, n_ops: int) -> dict[str
                 else:
                     latencies.append(time.perf_counter() - start)
 
-        started = time.perf_counter()
+        started, cpu0 = time.perf_counter(), time.process_time()
+        deadline = started + min(deadline_s, DEADLINE_S)
         await asyncio.gather(*(worker(c) for c in clients))
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu0
     finally:
         await asyncio.gather(*(c.aclose() for c in clients))
     return {
@@ -73,6 +76,8 @@ async def db(base: str, requests: int, concurrency: int, n_ops: int) -> dict[str
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
         "elapsed_s": elapsed,
+        "cpu_s": cpu,
+        "deadline_hit": len(latencies) + len(errors) < requests,
     }
 
 
@@ -102,7 +107,8 @@ if __name__ == "__main__":
     _check(base_url)
     if mode == "db":
         n_requests, n_workers, ops = map(int, sys.argv[3:6])
-        result = asyncio.run(db(base_url, n_requests, n_workers, ops))
+        limit_s = float(sys.argv[6]) if len(sys.argv) > 6 else DEADLINE_S
+        result = asyncio.run(db(base_url, n_requests, n_workers, ops, limit_s))
     else:
         result = ping(base_url)
     print(json.dumps(result), flush=True)

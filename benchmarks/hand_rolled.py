@@ -24,14 +24,16 @@ THREADS_DRIVER = "psycopg"
 
 
 def run(ctx: Context) -> None:
-    asyncio.run(_async(ctx))
-    _threads(ctx)
+    asyncio.run(measure_async(ctx, ctx.limit, ctx.ops))
+    measure_threads(ctx, ctx.limit, ctx.ops)
 
 
-async def _async(ctx: Context) -> None:
+async def measure_async(
+    ctx: Context, limit: int, ops: list[Op], *, group: str = "main", label: str | None = None
+) -> None:
+    """Run ``ops`` through a task per op behind ``asyncio.Semaphore(limit)`` on fresh tables."""
     ctx.reset()
-    limit = ctx.limit
-    label = f"hand-rolled (L={limit})"
+    label = label or f"hand-rolled (L={limit})"
     app = ctx.app_name(label)
     engine = ctx.db.async_engine(app, pool_size=limit)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
@@ -48,10 +50,10 @@ async def _async(ctx: Context) -> None:
             return time.perf_counter() - start
 
     try:
-        probe = Probe(ctx, "hand-rolled", label, total=len(ctx.ops), app_name=app, config=config)
+        probe = Probe(ctx, "hand-rolled", label, total=len(ops), app_name=app, group=group, config=config)
         probe.m.extra["note"] = "a task per op behind asyncio.Semaphore(L), AsyncSession, asyncpg"
         async with probe as p:
-            tasks = [asyncio.create_task(one(sessions, op, p)) for op in ctx.ops]
+            tasks = [asyncio.create_task(one(sessions, op, p)) for op in ops]
             results = await asyncio.gather(*tasks, return_exceptions=True)
             p.latencies = [r for r in results if isinstance(r, float)]
             p.failed = len(results) - len(p.latencies)
@@ -59,10 +61,12 @@ async def _async(ctx: Context) -> None:
         await engine.dispose()
 
 
-def _threads(ctx: Context) -> None:
+def measure_threads(
+    ctx: Context, limit: int, ops: list[Op], *, group: str = "main", label: str | None = None
+) -> None:
+    """Run ``ops`` through ``ThreadPoolExecutor(limit).map`` on fresh tables."""
     ctx.reset()
-    limit = ctx.limit
-    label = f"hand-rolled-threads (L={limit})"
+    label = label or f"hand-rolled-threads (L={limit})"
     app = ctx.app_name(label)
     engine = ctx.db.sync_engine(app, pool_size=limit, driver=THREADS_DRIVER)
     sessions = sessionmaker(engine, expire_on_commit=False)
@@ -77,9 +81,11 @@ def _threads(ctx: Context) -> None:
         return time.perf_counter() - start
 
     try:
-        probe = Probe(ctx, "hand-rolled-threads", label, total=len(ctx.ops), app_name=app, config=config)
+        probe = Probe(
+            ctx, "hand-rolled-threads", label, total=len(ops), app_name=app, group=group, config=config
+        )
         probe.m.extra["note"] = f"ThreadPoolExecutor(L).map with a Session per op, {THREADS_DRIVER}, no loop"
         with probe as p, ThreadPoolExecutor(limit, thread_name_prefix="hand-rolled") as pool:
-            p.latencies = list(pool.map(one, [sessions] * len(ctx.ops), ctx.ops, [p] * len(ctx.ops)))
+            p.latencies = list(pool.map(one, [sessions] * len(ops), ops, [p] * len(ops)))
     finally:
         engine.dispose()

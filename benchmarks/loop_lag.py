@@ -4,27 +4,47 @@
 Seed 004 shows an unrelated ``/ping`` slowed to ~12 s while 100 requests run SQLAlchemy
 AsyncSession queries, and a sync endpoint in the framework's threadpool doing better.  Here a
 Starlette app, served by uvicorn in this process on a free loopback port, has ``/ping`` and
-``/db/{i}`` (op i of the workload) in four variants:
+``/db/{i}`` (op i of the workload), served four ways:
 
 * ``inline``: ``async with AsyncSession`` in the endpoint (asyncpg);
 * ``threadpool``: a sync endpoint, which Starlette runs in its threadpool (psycopg);
 * ``semaphore-submit``: ``await SemaphoreRunner.submit(unit)`` (asyncpg);
 * ``thread-offload-submit``: ``await ThreadOffloadRunner.submit(unit)`` (psycopg).
 
-Every variant's engine has a pool of L (``--limit``) connections.  A load generator in a separate
-process (``_loadgen.py``, httpx) keeps 50 DB requests in flight, and a pinger in another
-process sends one ``/ping`` at a time, 20 ms apart; the ``/ping`` latencies, the DB requests/s
-and the server's loop lag are reported.
+A load generator in a separate process (``_loadgen.py``, httpx) keeps 50 DB requests in flight
+(at most ``--loop-lag-requests`` of them, and at most 120 s), and a pinger in another process
+sends one ``/ping`` at a time, 20 ms apart; the ``/ping`` latencies, the DB requests/s, peak
+connections, the server's loop lag and its garbage-collector pauses are reported.
+
+Each way runs at L = ``--limit`` connections (the pool; and the runner's limit), and then
+variants that each turn one knob, to find what keeps ``/ping`` fast (the report compares every
+variant with the one that differs from it in one knob only):
+
+* ``L=2``, ``L=4``: fewer units in flight, so fewer units running Python in the server at once
+  (for ``inline``, a pool of 4 instead of a runner);
+* ``switch=1ms``: ``sys.setswitchinterval(0.001)`` instead of 0.005 s, in the server (this
+  process) only and restored after: the GIL changes hands more often between busy threads;
+* ``c=20``: 20 DB requests in flight instead of 50;
+* ``gc.freeze``: ``gc.collect(); gc.freeze()`` once the app is built, as servers do after
+  start-up, so that the garbage collector's full collections skip the long-lived objects.
+
+The listening socket is created with ``IPPROTO_TCP`` so that asyncio sets ``TCP_NODELAY`` on
+each connection, as it does under ``uvicorn --host --port``; with protocol 0 every response's
+body waited for the client's delayed ACK (~40 ms on Linux) behind its headers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import resource
 import socket
 import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +61,57 @@ from boundeddb import SemaphoreRunner, ThreadOffloadRunner
 from ._harness import Context, Measurement, Probe, percentile
 from ._workload import async_unit, op_async, op_sync, sync_unit
 
-VARIANTS = ("inline", "threadpool", "semaphore-submit", "thread-offload-submit")
+KINDS = ("inline", "threadpool", "semaphore-submit", "thread-offload-submit")
 CONCURRENCY = 50
+#: Each variant's load generator stops at this deadline even if requests remain.
+DEADLINE_S = 120.0
 LOADGEN = Path(__file__).with_name("_loadgen.py")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of serving /db: a kind, its limit, the interpreter's switch interval, the load."""
+
+    kind: str
+    #: Connections (and runner limit, or threads); None: ``--limit``.
+    limit: int | None = None
+    #: ``sys.setswitchinterval`` in the server (this process) while it serves; None: leave it.
+    switch_interval_s: float | None = None
+    #: DB requests the load generator keeps in flight.
+    concurrency: int = CONCURRENCY
+    #: ``gc.collect(); gc.freeze()`` in the server once the app is built (``gc.unfreeze()`` after).
+    gc_freeze: bool = False
+
+    def label(self) -> str:
+        parts = ["loop-lag", self.kind]
+        if self.limit is not None:
+            parts.append(f"L={self.limit}")
+        if self.switch_interval_s is not None:
+            parts.append(f"switch={self.switch_interval_s * 1e3:g}ms")
+        if self.concurrency != CONCURRENCY:
+            parts.append(f"c={self.concurrency}")
+        if self.gc_freeze:
+            parts.append("gc.freeze")
+        return " ".join(parts)
+
+
+#: The four ways of the issue, at ``--limit`` and 50 requests in flight.
+BASE = tuple(Variant(kind) for kind in KINDS)
+#: One knob turned at a time (and the best combinations): see the module docstring.
+EXTRA = (
+    Variant("thread-offload-submit", limit=2),
+    Variant("thread-offload-submit", limit=4),
+    Variant("semaphore-submit", limit=4),
+    Variant("inline", limit=4),
+    Variant("thread-offload-submit", switch_interval_s=0.001),
+    Variant("threadpool", switch_interval_s=0.001),
+    Variant("thread-offload-submit", concurrency=20),
+    Variant("inline", gc_freeze=True),
+    Variant("thread-offload-submit", limit=4, gc_freeze=True),
+    Variant("semaphore-submit", limit=4, gc_freeze=True),
+    Variant("thread-offload-submit", limit=2, gc_freeze=True),
+)
+VARIANTS = BASE + EXTRA
 
 
 def run(ctx: Context) -> None:
@@ -55,6 +123,37 @@ def _noop() -> None:
     pass
 
 
+class GcPauses:
+    """Times every garbage collection in this process while open (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._started))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict[str, Any]:
+        full = [s for generation, s in self.pauses if generation == 2]
+        return {
+            "gc_collections": len(self.pauses),
+            "gc_full_collections": len(full),
+            "gc_max_pause_s": max((s for _, s in self.pauses), default=None),
+            "gc_full_max_pause_s": max(full, default=None),
+            "gc_total_s": sum(s for _, s in self.pauses),
+        }
+
+
 async def _ping(request: Request) -> PlainTextResponse:
     return PlainTextResponse("pong")
 
@@ -63,9 +162,9 @@ Endpoint = Callable[[Request], Any]
 Cleanup = list[Callable[[], Awaitable[Any]]]
 
 
-def _build(ctx: Context, variant: str, app_name: str) -> tuple[Endpoint, Cleanup, str]:
+def _build(ctx: Context, variant: str, limit: int, app_name: str) -> tuple[Endpoint, Cleanup, str]:
     """The /db endpoint of ``variant``, what to close afterwards, and the driver it uses."""
-    limit, ops = ctx.limit, ctx.ops
+    ops = ctx.ops
     if variant in ("inline", "semaphore-submit"):
         engine = ctx.db.async_engine(app_name, pool_size=limit)
         sessions = async_sessionmaker(engine, expire_on_commit=False)
@@ -107,15 +206,25 @@ def _build(ctx: Context, variant: str, app_name: str) -> tuple[Endpoint, Cleanup
     return thread_offload_submit, [thread_runner.aclose, dispose], "psycopg"
 
 
-async def _variant(ctx: Context, variant: str) -> None:
+async def _variant(ctx: Context, variant: Variant) -> None:
     ctx.reset()
-    label = f"loop-lag {variant}"
+    label = variant.label()
     app_name = ctx.app_name(label)
-    endpoint, cleanup, driver = _build(ctx, variant, app_name)
+    limit = variant.limit or ctx.limit
+    endpoint, cleanup, driver = _build(ctx, variant.kind, limit, app_name)
     app = Starlette(routes=[Route("/ping", _ping), Route("/db/{i:int}", endpoint)])
+    switch_interval = sys.getswitchinterval()
     try:
-        await _serve_and_load(ctx, app, variant, label, app_name, driver)
+        if variant.switch_interval_s is not None:
+            sys.setswitchinterval(variant.switch_interval_s)
+        if variant.gc_freeze:
+            gc.collect()
+            gc.freeze()
+        await _serve_and_load(ctx, app, variant, limit, label, app_name, driver)
     finally:
+        sys.setswitchinterval(switch_interval)  # this process's, restored whatever happened
+        if variant.gc_freeze:
+            gc.unfreeze()
         for close in cleanup:
             await close()
 
@@ -128,9 +237,12 @@ def _async(fn: Callable[[], Any]) -> Callable[[], Awaitable[None]]:
 
 
 async def _serve_and_load(
-    ctx: Context, app: Starlette, variant: str, label: str, app_name: str, driver: str
+    ctx: Context, app: Starlette, variant: Variant, limit: int, label: str, app_name: str, driver: str
 ) -> None:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP.
+    # Without it each response's body waits ~40 ms behind its headers for the client's delayed
+    # ACK (Nagle), which `uvicorn --host --port` (getaddrinfo, proto 6) does not suffer.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -143,15 +255,20 @@ async def _serve_and_load(
         await asyncio.sleep(0.01)
     requests = ctx.loop_lag_requests
     config_out = {
-        "variant": variant,
+        "variant": variant.kind,
+        "limit": limit,
         "driver": driver,
-        "pool_size": ctx.limit,
+        "pool_size": limit,
         "max_overflow": 0,
-        "concurrency": CONCURRENCY,
+        "concurrency": variant.concurrency,
         "requests": requests,
+        "switch_interval_s": sys.getswitchinterval(),
+        "gc_freeze": variant.gc_freeze,
+        "tcp_nodelay": True,
+        "deadline_s": DEADLINE_S,
         "server": "uvicorn (in-process) + Starlette",
     }
-    if variant == "threadpool":
+    if variant.kind == "threadpool":
         config_out["threads"] = "Starlette's threadpool (anyio's default limiter: 40 threads)"
     try:
         await _load(ctx, f"http://127.0.0.1:{port}", label, app_name, config_out)
@@ -165,22 +282,27 @@ async def _load(ctx: Context, base: str, label: str, app_name: str, config: dict
     requests = config["requests"]
     child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     pinger = await _spawn("ping", base)
-    loadgen = await _spawn("db", base, str(requests), str(CONCURRENCY), str(len(ctx.ops)))
+    loadgen = await _spawn(
+        "db", base, str(requests), str(config["concurrency"]), str(len(ctx.ops)), str(DEADLINE_S)
+    )
     try:
         await _ready(pinger)
         await _ready(loadgen)
         probe = Probe(
             ctx, "loop-lag", label, total=requests, app_name=app_name, group="loop-lag", config=config
         )
-        async with probe as p:
-            for proc in (pinger, loadgen):
-                assert proc.stdin is not None
-                proc.stdin.write(b"go\n")
-                await proc.stdin.drain()
-            result = await _result(loadgen)
-            p.latencies = result["db_latencies"]
-            p.failed = result["errors"]
-            p.done = result["db_ok"]
+        threads_seen = 0
+        with GcPauses() as collections:
+            async with probe as p:
+                for proc in (pinger, loadgen):
+                    assert proc.stdin is not None
+                    proc.stdin.write(b"go\n")
+                    await proc.stdin.drain()
+                result = await _result(loadgen)
+                p.latencies = result["db_latencies"]
+                p.failed = result["errors"]
+                p.done = result["db_ok"]
+                threads_seen = threading.active_count()
         assert pinger.stdin is not None
         pinger.stdin.close()
         if probe.m.error is None:
@@ -188,6 +310,7 @@ async def _load(ctx: Context, base: str, label: str, app_name: str, config: dict
             child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             child_cpu = child1.ru_utime + child1.ru_stime - child0.ru_utime - child0.ru_stime
             _summarise(probe.m, result, pings, child_cpu)
+            probe.m.extra.update(server_threads=threads_seen, **collections.summary())
     finally:
         for proc in (pinger, loadgen):
             if proc.returncode is None:
@@ -223,10 +346,14 @@ def _summarise(m: Measurement, result: dict[str, Any], pings: dict[str, Any], ch
     m.extra.update(
         ping_count=len(ping),
         ping_p50_s=percentile(ping, 0.5),
+        ping_p95_s=percentile(ping, 0.95),
         ping_p99_s=percentile(ping, 0.99),
         ping_max_s=max(ping, default=None),
+        ping_slowest_s=sorted(ping)[-10:],
         ping_errors=pings["errors"],
         loadgen_elapsed_s=result["elapsed_s"],
         loadgen_cpu_s=child_cpu,
+        loadgen_busy_cpu_s=result.get("cpu_s"),
+        deadline_hit=result.get("deadline_hit", False),
         first_error=result["first_error"] or pings["first_error"],
     )
