@@ -172,23 +172,20 @@ def engine(make_async_engine: Any) -> AsyncEngine:
 @pytest.mark.postgres
 @pytest.mark.anyio
 async def test_two_runs_at_once_each_see_their_own_peak(engine: AsyncEngine) -> None:
-    """Each run's peak covers its own lifetime: a run that ended is not charged for later checkouts."""
+    """A run's peak counts the whole pool during its own lifetime, and nothing after it ended."""
     sessions = async_sessionmaker(engine)
     first, second = SemaphoreRunner(sessions, limit=1), SemaphoreRunner(sessions, limit=3)
-    first_holds, first_may_finish, first_done = anyio.Event(), anyio.Event(), anyio.Event()
-    second_started, second_holding = StartGate(3), StartGate(3)
-    second_may_connect = anyio.Event()
+    first_holds, first_may_finish = anyio.Event(), anyio.Event()
+    second_holding = StartGate(3)
     reports: dict[str, RunReport[int]] = {}
 
     async def first_unit(session: AsyncSession) -> int:
-        await select_one(session)  # now it holds a connection
+        await select_one(session)  # a unit holds its connection from its start
         first_holds.set()
         await first_may_finish.wait()
         return 1
 
     async def second_unit(session: AsyncSession) -> int:
-        second_started.arrive(from_thread=False)
-        await second_may_connect.wait()
         await select_one(session)
         second_holding.arrive(from_thread=False)
         await second_holding.event.wait()  # all three hold a connection at once
@@ -196,23 +193,19 @@ async def test_two_runs_at_once_each_see_their_own_peak(engine: AsyncEngine) -> 
 
     async def run_first() -> None:
         reports["first"] = await first.run([first_unit])
-        first_done.set()
-
-    async def run_second() -> None:
-        reports["second"] = await second.run([second_unit] * 3)
 
     with anyio.fail_after(20):
         async with anyio.create_task_group() as group:
             group.start_soon(run_first)
             await first_holds.wait()
-            group.start_soon(run_second)
-            await second_started.event.wait()  # both runs are under way at once
+            reports["second"] = await second.run([second_unit] * 3)  # 1 + 3 checked out at once
             first_may_finish.set()
-            await first_done.wait()
-            second_may_connect.set()
-    assert reports["first"].stats.peak_connections == 1
-    assert reports["second"].stats.peak_connections == 3
+        reports["third"] = await first.run([first_unit])  # both earlier runs have ended
+    assert reports["first"].stats.peak_connections == 4  # its own 1, and the second run's 3
+    assert reports["second"].stats.peak_connections == 4
+    assert reports["first"].stats.peak_in_flight == 1
     assert reports["second"].stats.peak_in_flight == 3
+    assert reports["third"].stats.peak_connections == 1  # not charged for what came before
 
 
 @pytest.mark.postgres

@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, 
 from typing import Any
 
 import anyio
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
 from .._errors import UnitTimeout
@@ -16,7 +16,7 @@ from .._outcome import Outcome, RunReport
 from .._typing import AsyncUnit, ItemT, T
 from .base import BaseRunner
 from .checks import ended_transaction_message, units_of
-from .tasks import CommitUnknown, RunState, UnitMisuse, commit_fate_unknown, logger
+from .tasks import CommitUnknown, ConnectFailed, RunState, UnitMisuse, commit_fate_unknown, logger
 
 
 def check_async_sessions(sessions: object, runner: str) -> Any:
@@ -58,8 +58,8 @@ async def _cancel_once(body: asyncio.Future[Any]) -> Any:
         raise
 
 
-async def close_session(session: AsyncSession) -> None:
-    """Roll back whatever is open and return the connection; never let clean-up fail silently."""
+async def close_session(session: AsyncSession, connection: AsyncConnection | None) -> None:
+    """Roll back whatever is open and return the connection; invalidate it if that fails."""
     with anyio.CancelScope(shield=True):
         try:
             await session.close()
@@ -68,7 +68,29 @@ async def close_session(session: AsyncSession) -> None:
                 "closing a unit's session failed (%s); invalidating its connection",
                 type(error).__qualname__,
             )
-            await session.invalidate()
+            await invalidate(connection)
+
+
+async def invalidate(connection: AsyncConnection | None) -> None:
+    """Discard ``connection`` from the pool (SQLAlchemy closes it), so it can be neither leaked
+    nor handed back with a transaction still open."""
+    if connection is None:
+        return
+    with anyio.CancelScope(shield=True):
+        try:
+            await connection.invalidate()
+        except Exception as error:  # already closed or gone: nothing left to return
+            logger.debug("invalidating a connection failed: %s", type(error).__qualname__)
+
+
+class _Attempt:
+    """What one attempt's clean-up needs to know."""
+
+    __slots__ = ("committing", "connection")
+
+    def __init__(self) -> None:
+        self.committing = False
+        self.connection: AsyncConnection | None = None
 
 
 class AsyncUnitsRunner(BaseRunner[Any]):
@@ -76,20 +98,26 @@ class AsyncUnitsRunner(BaseRunner[Any]):
 
     async def _attempt(self, unit: Any, index: int, state: RunState) -> Any:
         session: AsyncSession = self._sessions()
-        committing = [False]
+        attempt = _Attempt()
         try:
-            body = asyncio.ensure_future(self._body(session, unit, index, committing))
+            body = asyncio.ensure_future(self._body(session, unit, index, attempt))
             if self._timeout is None:
                 return await _cancel_once(body)
             with anyio.move_on_after(self._timeout):
                 return await _cancel_once(body)
             timeout = UnitTimeout(index, self._timeout)
-            raise CommitUnknown(timeout) if committing[0] else timeout
+            raise CommitUnknown(timeout) if attempt.committing else timeout
         finally:
-            await close_session(session)
+            await close_session(session, attempt.connection)
 
-    async def _body(self, session: AsyncSession, unit: Any, index: int, committing: list[bool]) -> Any:
-        transaction = session.sync_session.begin()  # no I/O: the connection comes when needed
+    async def _body(self, session: AsyncSession, unit: Any, index: int, attempt: _Attempt) -> Any:
+        transaction = session.sync_session.begin()
+        try:
+            # Connect before the unit runs: a failure here means nothing was sent (safe to retry),
+            # and the clean-up keeps hold of the connection in case it has to invalidate it.
+            attempt.connection = await session.connection()
+        except Exception as error:
+            raise ConnectFailed(error) from None
         result = unit(session)
         if not inspect.isawaitable(result):
             msg = (
@@ -101,10 +129,12 @@ class AsyncUnitsRunner(BaseRunner[Any]):
         value = await result
         if not transaction.is_active:
             raise UnitMisuse(ended_transaction_message(index))
-        committing[0] = True
+        attempt.committing = True
         try:
             await session.commit()
         except Exception as error:
+            # A failed COMMIT can leave the transaction open on the connection: discard it.
+            await invalidate(attempt.connection)
             if commit_fate_unknown(error):
                 raise CommitUnknown(error) from None
             raise

@@ -9,6 +9,7 @@ outcomes, stats, stopping at the first failure, cancellation — lives here, onc
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
 from contextlib import contextmanager, suppress
@@ -26,6 +27,7 @@ from .checks import ErrorsMode, check_errors, check_retry, check_timeout, checke
 from .tasks import (
     END,
     CommitUnknown,
+    ConnectFailed,
     Puller,
     RunState,
     Slot,
@@ -37,6 +39,9 @@ from .tasks import (
 )
 
 MakerT = TypeVar("MakerT")
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 
 class _Binding:
@@ -177,7 +182,12 @@ class BaseRunner(Generic[MakerT]):
             if state.stop_on_failure:
                 state.stop = True
             return Outcome(index, None, error.error, latency, wait_s, attempt, True)
-        if self._retry.should_retry(error, attempt):
+        if isinstance(error, ConnectFailed):
+            # The unit never ran: retrying is safe whatever the error, if the policy allows more.
+            if attempt < self._retry.attempts:
+                return None
+            error = error.error
+        elif self._retry.should_retry(error, attempt):
             return None
         logger.debug("unit %d failed after %d attempt(s): %s", index, attempt, type(error).__qualname__)
         if state.stop_on_failure:
@@ -222,11 +232,12 @@ class BaseRunner(Generic[MakerT]):
     ) -> float:
         """Give the slot back, sleep the policy's delay, take a slot again; return the slot wait."""
         delay = self._retry.delay(attempt)
+        shown = error.error if isinstance(error, ConnectFailed) else error
         logger.warning(
             "unit %d attempt %d failed with %s; retrying in %.3f s",
             index,
             attempt,
-            type(error).__qualname__,
+            type(shown).__qualname__,
             delay,
         )
         slot.release()  # never hold a connection slot while backing off
@@ -304,17 +315,43 @@ class BaseRunner(Generic[MakerT]):
     ) -> None:
         """Run every unit of ``units`` (with the loop-lag ticker and the canceller beside them)."""
         pull = Puller(units)
+
+        async def pace() -> None:
+            await self._pace(pull, binding.gate, state, deliver, window)
+
+        ticker = state.recorder is not None and state.measure_loop_lag
+        await self._beside_helpers(state, pace, ticker=ticker)
+
+    async def _beside_helpers(
+        self, state: RunState, work: Callable[[], Awaitable[None]], *, ticker: bool
+    ) -> None:
+        """
+        Run ``work`` as a child task, beside the loop-lag ticker and the statement canceller.
+
+        As a child (not in the caller's task), the work and the canceller are cancelled together
+        when the caller is: by a cancel scope, but also by a native ``Task.cancel()``,
+        ``asyncio.timeout()`` or Ctrl-C in ``run_sync()``, which only reach the caller's task.
+        """
         on_cancel = self._on_cancel_statements(state)
-        async with anyio.create_task_group() as helpers:
-            if state.recorder is not None and state.measure_loop_lag:
-                lag = state.recorder.loop_lag = LoopLag()
-                helpers.start_soon(lag.tick_forever)
-            if on_cancel is not None:
-                helpers.start_soon(call_when_cancelled, on_cancel)
-            try:
-                await self._pace(pull, binding.gate, state, deliver, window)
-            finally:
-                helpers.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as helpers:
+                if ticker and state.recorder is not None:
+                    lag = state.recorder.loop_lag = LoopLag()
+                    helpers.start_soon(lag.tick_forever)
+                if on_cancel is not None:
+                    helpers.start_soon(call_when_cancelled, on_cancel)
+
+                async def run_work() -> None:
+                    try:
+                        await work()
+                    finally:
+                        helpers.cancel_scope.cancel()
+
+                helpers.start_soon(run_work)
+        except BaseExceptionGroup as group:  # an unexpected error of our own: show it plainly
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
 
     def _new_state(self, *, keep_latencies: bool = True, measure_loop_lag: bool = True) -> RunState:
         recorder = StatsRecorder(self._engine.pool, keep_latencies=keep_latencies)
@@ -406,17 +443,18 @@ class BaseRunner(Generic[MakerT]):
             waited = perf_counter()
             await binding.gate.acquire()
             slot = Slot(binding.gate)
-            # The unit runs in a child task, so that its shielded clean-up cannot be interrupted
-            # by a native Task.cancel() aimed at the caller.
-            on_cancel = self._on_cancel_statements(state)
-            async with anyio.create_task_group() as helpers:
-                if on_cancel is not None:
-                    helpers.start_soon(call_when_cancelled, on_cancel)
-                try:
-                    async with UnitTasks(self, state, deliver) as units:
-                        units.start(unit, 0, slot, perf_counter() - waited)
-                finally:
-                    helpers.cancel_scope.cancel()
+            wait_s = perf_counter() - waited
+
+            # A child task, so that its shielded clean-up cannot be interrupted by a native
+            # Task.cancel() aimed at the caller.
+            async def run_unit() -> None:
+                async with UnitTasks(self, state, deliver) as units:
+                    units.start(unit, 0, slot, wait_s)
+
+            try:
+                await self._beside_helpers(state, run_unit, ticker=False)
+            finally:
+                slot.release()  # if the unit task never started
         if state.misuse is not None:
             raise state.misuse
         return result[0].unwrap()

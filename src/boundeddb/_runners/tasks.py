@@ -37,6 +37,14 @@ def commit_fate_unknown(error: Exception) -> bool:
     return is_connection_error(error) or isinstance(error, TimeoutError)
 
 
+class ConnectFailed(Exception):
+    """Carries the error of opening a unit's connection: the unit never ran, nothing was sent."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class UnitMisuse(Exception):
     """Carries the error about how a unit was written (not a database failure of the unit)."""
 

@@ -12,6 +12,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,13 +23,14 @@ from .._typing import ItemT, SyncUnit, T
 from .base import BaseRunner
 from .checks import BoundItem, ErrorsMode, bound_engine, ended_transaction_message, resolve_limit, units_of
 from .lanes import Handle, Lanes, cancel_all
-from .tasks import CommitUnknown, Puller, RunState, UnitMisuse, commit_fate_unknown, logger
+from .tasks import CommitUnknown, ConnectFailed, Puller, RunState, UnitMisuse, commit_fate_unknown, logger
 
 #: SQLSTATE query_canceled: PostgreSQL's answer to statement_timeout (and to a cancel request).
 _QUERY_CANCELED = "57014"
 
 
-def _close(session: Session) -> None:
+def _close(session: Session, connection: Connection | None) -> None:
+    """Roll back whatever is open and return the connection; invalidate it if that fails."""
     try:
         session.close()
     except Exception as error:
@@ -36,7 +38,17 @@ def _close(session: Session) -> None:
             "closing a unit's session failed (%s); invalidating its connection",
             type(error).__qualname__,
         )
-        session.invalidate()
+        _invalidate(connection)
+
+
+def _invalidate(connection: Connection | None) -> None:
+    """Discard ``connection`` from the pool, so it is neither leaked nor returned mid-transaction."""
+    if connection is None:
+        return
+    try:
+        connection.invalidate()
+    except Exception as error:  # already closed or gone: nothing left to return
+        logger.debug("invalidating a connection failed: %s", type(error).__qualname__)
 
 
 @final
@@ -154,9 +166,13 @@ class ThreadOffloadRunner(BaseRunner[Any]):
 
     def _in_thread(self, unit: Any, index: int, handle: Handle) -> Any:
         session: Session = self._sessions()
+        connection: Connection | None = None
         try:
             transaction = session.begin()
-            connection = session.connection()
+            try:
+                connection = session.connection()
+            except Exception as error:  # nothing was sent: safe to retry
+                raise ConnectFailed(error) from None
             if self._statement_timeout:
                 milliseconds = max(1, round(self._timeout * 1000))  # type: ignore[operator]
                 connection.exec_driver_sql(f"SET LOCAL statement_timeout = {milliseconds}")
@@ -182,16 +198,19 @@ class ThreadOffloadRunner(BaseRunner[Any]):
                 raise UnitMisuse(ended_transaction_message(index))
             if self._timeout is not None and perf_counter() - started > self._timeout:
                 raise UnitTimeout(index, self._timeout)
+            handle.dbapi = None  # from here on a cancellation must not interrupt the COMMIT
             try:
                 session.commit()
             except Exception as error:
+                # A failed COMMIT can leave the transaction open on the connection: discard it.
+                _invalidate(connection)
                 if commit_fate_unknown(error):
                     raise CommitUnknown(error) from None
                 raise
             return value
         finally:
             handle.dbapi = None
-            _close(session)
+            _close(session, connection)
 
     async def _pace(
         self,
