@@ -94,7 +94,7 @@ def sweep_table(rows: list[Measurement]) -> list[str]:
 
 
 def memory_table(rows: list[Measurement]) -> list[str]:
-    header = ["run", "time, s", "units/s", "p50, ms", "p99, ms", "peak conns", "RSS growth, MB", "notes"]
+    header = ["run", "time, s", "units/s", "p50, ms", "p99, ms", "peak conns", "RSS growth, MiB", "notes"]
     body = [
         [
             m.label,
@@ -263,7 +263,7 @@ def targets(results: list[Measurement], ratio: dict[str, dict[str, Any]]) -> lis
     growth = mem.rss_growth_mb if mem else None
     units = mem.config.get("units", 0) if mem else 0
     note = "" if units >= 1_000_000 else f" (at {units:,} units; the target is for 1,000,000)"
-    out.append(check("memory: RSS growth < 50 MB", growth, lambda v: v < 50, f"{_f(growth)} MB{note}"))
+    out.append(check("memory: RSS growth < 50 MiB", growth, lambda v: v < 50, f"{_f(growth)} MiB{note}"))
     return out
 
 
