@@ -71,14 +71,15 @@ def pg_url(pg_server: PostgresServer) -> URL:
 async def make_async_engine(pg_server: PostgresServer, pg_schema: str, app_name: str) -> AsyncIterator[Any]:
     engines: list[AsyncEngine] = []
 
-    def make(**pool: Any) -> AsyncEngine:
+    def make(*, ssl: bool | None = None, **pool: Any) -> AsyncEngine:
         pool.setdefault("pool_size", 10)
         pool.setdefault("max_overflow", 0)
-        engine = create_async_engine(
-            driver_url(pg_server.url, "asyncpg"),
-            connect_args={"server_settings": {"search_path": pg_schema, "application_name": app_name}},
-            **pool,
-        )
+        connect_args: dict[str, Any] = {
+            "server_settings": {"search_path": pg_schema, "application_name": app_name}
+        }
+        if ssl is not None:  # ssl=False: no SSLRequest probe (see test_faults.py)
+            connect_args["ssl"] = ssl
+        engine = create_async_engine(driver_url(pg_server.url, "asyncpg"), connect_args=connect_args, **pool)
         engines.append(engine)
         return engine
 

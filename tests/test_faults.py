@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from boundeddb import (
     UnitTimeout,
     is_transient,
 )
-from boundeddb.testing import PostgresServer, driver_url
+from boundeddb.testing import driver_url
 from tests.conftest import (
     ActivitySampler,
     Base,
@@ -106,9 +106,7 @@ def kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any) -> Fau
 
 
 @pytest.fixture
-async def make_async_engine_without_ssl_probe(
-    pg_server: PostgresServer, pg_schema: str, app_name: str
-) -> AsyncIterator[Any]:
+def make_async_engine_without_ssl_probe(make_async_engine: Any) -> Any:
     """
     conftest's make_async_engine, but with asyncpg's ``ssl=False`` (the test server has no TLS).
 
@@ -118,25 +116,7 @@ async def make_async_engine_without_ssl_probe(
     MagicStack/asyncpg#1211 and #1310). That is the driver's noise, not boundeddb's: turn the probe off
     where a test cancels units that may be connecting.
     """
-    engines: list[AsyncEngine] = []
-
-    def make(**pool: Any) -> AsyncEngine:
-        pool.setdefault("pool_size", 10)
-        pool.setdefault("max_overflow", 0)
-        engine = create_async_engine(
-            driver_url(pg_server.url, "asyncpg"),
-            connect_args={
-                "ssl": False,
-                "server_settings": {"search_path": pg_schema, "application_name": app_name},
-            },
-            **pool,
-        )
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        await engine.dispose()
+    return partial(make_async_engine, ssl=False)
 
 
 @pytest.fixture

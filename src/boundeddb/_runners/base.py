@@ -58,8 +58,6 @@ class _Binding:
 class BaseRunner(Generic[MakerT]):
     """Shared machinery; see the concrete runners for the public API."""
 
-    _kind: str = "unit"
-
     def __init__(
         self,
         sessions: MakerT,
@@ -364,10 +362,7 @@ class BaseRunner(Generic[MakerT]):
     async def _run_units(
         self, units: Iterable[Any] | AsyncIterable[Any], *, measure_loop_lag: bool = True
     ) -> RunReport[Any]:
-        units = checked_iterable(units, "units")
-        if isinstance(units, (list, tuple)):  # known up front: refuse before any database work
-            for index, unit in enumerate(units):
-                self._check_unit_now(unit, index)
+        units = self._checked_units(units)
         outcomes: list[Outcome[Any]] = []
         state = self._new_state(measure_loop_lag=measure_loop_lag)
         lock = threading.Lock()
@@ -397,10 +392,7 @@ class BaseRunner(Generic[MakerT]):
     async def _stream_units(
         self, units: Iterable[Any] | AsyncIterable[Any]
     ) -> AsyncGenerator[Outcome[Any], None]:
-        units = checked_iterable(units, "units")
-        if isinstance(units, (list, tuple)):
-            for index, unit in enumerate(units):
-                self._check_unit_now(unit, index)
+        units = self._checked_units(units)
         with self._bound() as binding:
             state = self._new_state(keep_latencies=False)
             recorder = state.recorder
@@ -458,6 +450,14 @@ class BaseRunner(Generic[MakerT]):
         if state.misuse is not None:
             raise state.misuse
         return result[0].unwrap()
+
+    def _checked_units(self, units: object) -> Iterable[Any] | AsyncIterable[Any]:
+        """``units`` if iterable; a list or tuple is checked whole, before any database work."""
+        checked = checked_iterable(units, "units")
+        if isinstance(checked, (list, tuple)):
+            for index, unit in enumerate(checked):
+                self._check_unit_now(unit, index)
+        return checked
 
     def _check_unit_now(self, unit: object, index: int) -> None:
         try:
