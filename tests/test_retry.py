@@ -468,3 +468,35 @@ async def test_peak_in_flight_stays_within_the_limit_when_units_retry(kit: Kit) 
     assert report.values() == [0, 1]
     assert report.stats.retried == 1
     assert report.stats.peak_in_flight <= runner.limit == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_a_lost_connection_is_transient_whatever_the_message(
+    make_sync_engine: Any, admin: Any, driver: str
+) -> None:
+    """An unrecognised driver error on a connection the server closed is marked lost, so it is retried."""
+    from sqlalchemy import exc as sa_exc
+
+    from boundeddb._runners.tasks import note_lost_connection
+
+    engine = make_sync_engine(driver, pool_size=2)
+    with engine.connect() as healthy, engine.connect() as doomed:
+        pid = doomed.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})")
+        # The driver (not SQLAlchemy, which might recognise it) finds its connection closed.
+        dbapi = doomed.connection.dbapi_connection
+        assert dbapi is not None
+        with pytest.raises(Exception, match=r"terminat|closed"):
+            dbapi.cursor().execute("SELECT 1")
+        # As psycopg sometimes words it, in a message SQLAlchemy does not take for a disconnect:
+        unrecognised = sa_exc.OperationalError(
+            "SELECT 1", None, Exception("sending query failed: another command is already in progress")
+        )
+        assert not is_transient(unrecognised)
+        note_lost_connection(unrecognised, healthy)
+        assert not is_transient(unrecognised), "a healthy connection is not lost"
+        note_lost_connection(unrecognised, doomed)
+        assert is_transient(unrecognised)
+        doomed.invalidate()  # as the runner does with a lost connection

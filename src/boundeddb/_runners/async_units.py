@@ -16,7 +16,15 @@ from .._outcome import Outcome, RunReport
 from .._typing import AsyncUnit, ItemT, T
 from .base import BaseRunner
 from .checks import ended_transaction_message, units_of
-from .tasks import CommitUnknown, ConnectFailed, RunState, UnitMisuse, commit_fate_unknown, logger
+from .tasks import (
+    CommitUnknown,
+    ConnectFailed,
+    RunState,
+    UnitMisuse,
+    commit_fate_unknown,
+    logger,
+    note_lost_connection,
+)
 
 
 def check_async_sessions(sessions: object, runner: str) -> Any:
@@ -126,13 +134,18 @@ class AsyncUnitsRunner(BaseRunner[Any]):
                 "run plain functions with ThreadOffloadRunner"
             )
             raise UnitMisuse(msg)
-        value = await result
+        try:
+            value = await result
+        except Exception as error:
+            note_lost_connection(error, attempt.connection)
+            raise
         if not transaction.is_active:
             raise UnitMisuse(ended_transaction_message(index))
         attempt.committing = True
         try:
             await session.commit()
         except Exception as error:
+            note_lost_connection(error, attempt.connection)
             # A failed COMMIT can leave the transaction open on the connection: discard it.
             await invalidate(attempt.connection)
             if commit_fate_unknown(error):

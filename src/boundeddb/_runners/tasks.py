@@ -9,6 +9,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, I
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
+from sqlalchemy import exc as sa_exc
 
 from .._errors import UnitMisuseError
 from .._outcome import Outcome
@@ -35,6 +36,30 @@ class CommitUnknown(Exception):
 def commit_fate_unknown(error: Exception) -> bool:
     """Whether ``error``, raised by COMMIT, leaves open whether the transaction committed."""
     return is_connection_error(error) or isinstance(error, TimeoutError)
+
+
+def note_lost_connection(error: BaseException, connection: Any) -> None:
+    """
+    Mark a driver error as a lost connection if the unit's own connection says it is closed.
+
+    SQLAlchemy recognises disconnects by their messages, and misses some (psycopg's
+    "sending query failed: ... another command is already in progress" after the backend was
+    terminated). The DBAPI connection's own state is the better witness: if it is closed, set
+    SQLAlchemy's ``connection_invalidated`` flag, so the error is retried as transient (or, during
+    COMMIT, reported as ``commit_unknown``) and the connection is discarded, not reused.
+    """
+    if not isinstance(error, sa_exc.DBAPIError) or error.connection_invalidated or connection is None:
+        return
+    sync_connection = getattr(connection, "sync_connection", connection)  # AsyncConnection
+    try:
+        dbapi = sync_connection.connection.dbapi_connection
+    except Exception:  # already invalidated or closed by SQLAlchemy
+        return
+    raw = getattr(dbapi, "driver_connection", dbapi)  # asyncpg's adapter wraps the driver's
+    is_closed = getattr(raw, "is_closed", None)
+    closed = is_closed() if callable(is_closed) else getattr(raw, "closed", False)
+    if closed:
+        error.connection_invalidated = True
 
 
 class ConnectFailed(Exception):

@@ -23,7 +23,16 @@ from .._typing import ItemT, SyncUnit, T
 from .base import BaseRunner
 from .checks import BoundItem, ErrorsMode, bound_engine, ended_transaction_message, resolve_limit, units_of
 from .lanes import Handle, Lanes, cancel_all
-from .tasks import CommitUnknown, ConnectFailed, Puller, RunState, UnitMisuse, commit_fate_unknown, logger
+from .tasks import (
+    CommitUnknown,
+    ConnectFailed,
+    Puller,
+    RunState,
+    UnitMisuse,
+    commit_fate_unknown,
+    logger,
+    note_lost_connection,
+)
 
 #: SQLSTATE query_canceled: PostgreSQL's answer to statement_timeout (and to a cancel request).
 _QUERY_CANCELED = "57014"
@@ -183,6 +192,7 @@ class ThreadOffloadRunner(BaseRunner[Any]):
             try:
                 value = unit(session)
             except sa_exc.DBAPIError as error:
+                note_lost_connection(error, connection)
                 if self._statement_timeout and not handle.cancelled and _is_query_canceled(error):
                     raise UnitTimeout(index, self._timeout) from error  # type: ignore[arg-type]
                 raise
@@ -202,6 +212,7 @@ class ThreadOffloadRunner(BaseRunner[Any]):
             try:
                 session.commit()
             except Exception as error:
+                note_lost_connection(error, connection)
                 # A failed COMMIT can leave the transaction open on the connection: discard it.
                 _invalidate(connection)
                 if commit_fate_unknown(error):
