@@ -362,28 +362,46 @@ async def test_a_non_callable_unit_in_a_list_is_refused_before_any_database_work
     assert committed_units(admin) == []
 
 
-@pytest.mark.parametrize("errors", ["raise", "collect"])
 @every_kind
 @pytest.mark.postgres
 @pytest.mark.anyio
 @pytest.mark.usefixtures("items_table")
-async def test_a_non_callable_unit_from_a_generator_is_refused_after_the_units_in_flight(
-    kit: Kit, admin: Engine, app_name: str, errors: str
+async def test_a_non_callable_unit_from_a_generator_stops_a_raising_run_after_the_units_in_flight(
+    kit: Kit, admin: Engine, app_name: str
 ) -> None:
-    """A generator is checked as it is pulled: earlier units commit, later ones never start."""
-    runner = kit.runner(limit=2, errors=errors)
-
-    def units() -> Iterator[Any]:
-        yield kit.insert(0)
-        yield kit.insert(1)
-        yield "unit two"
-        yield kit.insert(3)
+    """errors="raise": a generator's units are checked as pulled; earlier ones commit, later never start."""
+    runner = kit.runner(limit=2)
 
     with pytest.raises(UnitMisuseError, match=exactly(not_callable(kit, 2, "unit two"))):
-        await runner.run(units())
+        await runner.run(units_with_a_string(kit))
     assert committed_units(admin) == [0, 1]
     assert kit.pool.checkedout() == 0
     assert idle_in_transaction(admin, app_name) == 0
+
+
+@every_kind
+@pytest.mark.postgres
+@pytest.mark.anyio
+@pytest.mark.usefixtures("items_table")
+async def test_a_non_callable_unit_from_a_generator_is_its_own_outcome_when_collecting(
+    kit: Kit, admin: Engine
+) -> None:
+    """errors="collect": the refused unit's outcome carries the UnitMisuseError; every other unit runs."""
+    report = await kit.runner(limit=2, errors="collect").run(units_with_a_string(kit))
+    refused = report.outcomes[2]
+    assert isinstance(refused.error, UnitMisuseError)
+    assert str(refused.error) == not_callable(kit, 2, "unit two")
+    assert refused.attempts == 0, "it never ran"
+    assert [o.ok for o in report.outcomes] == [True, True, False, True]
+    assert committed_units(admin) == [0, 1, 3]
+    assert (report.stats.submitted, report.stats.failed) == (4, 1)
+
+
+def units_with_a_string(kit: Kit) -> Iterator[Any]:
+    yield kit.insert(0)
+    yield kit.insert(1)
+    yield "unit two"
+    yield kit.insert(3)
 
 
 @threads
@@ -441,10 +459,14 @@ async def test_the_thread_runner_refuses_a_unit_that_returns_a_coroutine(kit: Ki
         "unit 1 returned an awaitable: ThreadOffloadRunner runs plain `def unit(session: Session)`; "
         "run async units with SemaphoreRunner"
     )
-    runner = kit.runner(limit=1, errors="collect")
     with pytest.raises(UnitMisuseError, match=exactly(message)):
-        await runner.run([kit.insert(0), sneaky, kit.insert(2)])
-    assert committed_units(admin) == [0]
+        await kit.runner(limit=1).run([kit.insert(0), sneaky, kit.insert(2)])
+    assert committed_units(admin) == [0], "errors='raise': unit 2 never started"
+    assert kit.pool.checkedout() == 0
+    report = await kit.runner(limit=1, errors="collect").run([kit.insert(10), sneaky, kit.insert(12)])
+    assert isinstance(report.outcomes[1].error, UnitMisuseError)
+    assert str(report.outcomes[1].error) == message
+    assert committed_units(admin) == [0, 10, 12], "errors='collect': the others run; sneaky's row is gone"
     assert kit.pool.checkedout() == 0
 
 
@@ -458,7 +480,7 @@ async def test_an_async_runner_refuses_a_plain_function_unit(kit: Kit, admin: En
     def plain(session: Any) -> int:
         return 1
 
-    runner = kit.runner(limit=1, errors="collect")
+    runner = kit.runner(limit=1)
     name = type(runner).__name__
     message = (
         f"unit 1 returned int, not an awaitable: {name} runs `async def unit(session: AsyncSession)`; "
@@ -469,6 +491,9 @@ async def test_an_async_runner_refuses_a_plain_function_unit(kit: Kit, admin: En
     assert committed_units(admin) == [0], "unit 0 committed; unit 2 never started"
     with pytest.raises(UnitMisuseError, match=exactly(message.replace("unit 1", "unit 0"))):
         await runner.submit(plain)
+    report = await kit.runner(limit=1, errors="collect").run([kit.insert(10), plain, kit.insert(12)])
+    assert str(report.outcomes[1].error) == message
+    assert committed_units(admin) == [0, 10, 12], "errors='collect': the other units run"
     assert kit.pool.checkedout() == 0
 
 
@@ -498,17 +523,39 @@ def ending_unit(kit: Kit, i: int, how: str) -> Callable[[Any], Any]:
 @pytest.mark.postgres
 @pytest.mark.anyio
 @pytest.mark.usefixtures("items_table")
-async def test_a_unit_that_ends_the_transaction_itself_stops_the_batch(
+async def test_a_unit_that_ends_the_transaction_itself_stops_a_raising_batch(
     kit: Kit, admin: Engine, app_name: str, how: str
 ) -> None:
-    """session.commit()/rollback()/close() inside a unit: UnitMisuseError (even with errors="collect")."""
-    runner = kit.runner(limit=1, errors="collect")
+    """errors="raise": session.commit()/rollback()/close() inside a unit raises UnitMisuseError."""
+    runner = kit.runner(limit=1)
     with pytest.raises(UnitMisuseError, match=exactly(ended_transaction(1))):
         await runner.run([kit.insert(0), ending_unit(kit, 1, how), kit.insert(2)])
     # As the message says, what the unit committed itself stays committed; unit 2 never started.
     assert committed_units(admin) == ([0, 1] if how == "commit" else [0])
     with pytest.raises(UnitMisuseError, match=exactly(ended_transaction(0))):
         await runner.submit(ending_unit(kit, 5, how))
+    assert kit.pool.checkedout() == 0
+    assert idle_in_transaction(admin, app_name) == 0
+
+
+@pytest.mark.parametrize("how", ["commit", "rollback", "close"])
+@every_kind
+@pytest.mark.postgres
+@pytest.mark.anyio
+@pytest.mark.usefixtures("items_table")
+async def test_a_unit_that_ends_the_transaction_itself_is_its_own_outcome_when_collecting(
+    kit: Kit, admin: Engine, app_name: str, how: str
+) -> None:
+    """errors="collect": that unit's outcome carries UnitMisuseError; the batch goes on; nothing raises."""
+    runner = kit.runner(limit=1, errors="collect")
+    report = await runner.run([kit.insert(0), ending_unit(kit, 1, how), kit.insert(2)])
+    [misuse] = report.failures
+    assert misuse.index == 1
+    assert isinstance(misuse.error, UnitMisuseError)
+    assert str(misuse.error) == ended_transaction(1)
+    assert committed_units(admin) == ([0, 1, 2] if how == "commit" else [0, 2])
+    with pytest.raises(UnitMisuseError, match=exactly(ended_transaction(0))):
+        await runner.submit(ending_unit(kit, 5, how))  # submit raises the unit's failure, as always
     assert kit.pool.checkedout() == 0
     assert idle_in_transaction(admin, app_name) == 0
 

@@ -1054,8 +1054,8 @@ def slow_unit(is_async: bool, i: int, finished: set[int]) -> Any:
 async def test_a_unit_that_ends_the_transaction_itself_is_misuse(
     kit: Kit, how: str, admin: Engine, app_name: str
 ) -> None:
-    """session.commit()/close() in a unit: UnitMisuseError (unit, fix) once the units in flight finish."""
-    runner = kit.runner(limit=3, errors="collect")
+    """errors="raise": session.commit()/close() in a unit: UnitMisuseError once the units in flight finish."""
+    runner = kit.runner(limit=3)
     finished: set[int] = set()
     units = [
         slow_unit(kit.is_async, 0, finished),
@@ -1077,6 +1077,33 @@ async def test_a_unit_that_ends_the_transaction_itself_is_misuse(
     assert_no_open_transactions(admin, app_name, f"after session.{how}() in a unit")
     # The runner is still usable.
     assert (await runner.run([kit.insert(20)])).values() == [20]
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("items_table")
+@pytest.mark.parametrize("how", ["commit", "close"])
+@pytest.mark.parametrize(("kind", "anyio_backend"), BAD_UNIT_CASES, ids=BAD_UNIT_IDS)
+async def test_a_unit_that_ends_the_transaction_itself_fails_alone_when_collecting(
+    kit: Kit, how: str, admin: Engine, app_name: str
+) -> None:
+    """errors="collect": the misuse is unit 2's outcome; every other unit runs and commits; nothing raises."""
+    runner = kit.runner(limit=3, errors="collect")
+    finished: set[int] = set()
+    units = [
+        slow_unit(kit.is_async, 0, finished),
+        slow_unit(kit.is_async, 1, finished),
+        ending_unit(kit.is_async, 2, how),
+        *(kit.insert(i) for i in range(3, 10)),
+    ]
+    with anyio.fail_after(30):
+        report = await runner.run(units)
+    assert [o.index for o in report.failures] == [2]
+    assert isinstance(report.outcomes[2].error, UnitMisuseError)
+    assert finished == {0, 1}
+    assert runner.in_flight == 0
+    assert kit.pool.checkedout() == 0
+    assert committed_units(admin) == [i for i in range(10) if how == "commit" or i != 2]
+    assert_no_open_transactions(admin, app_name, f"after session.{how}() in a unit")
 
 
 # -- 8. load: 500 concurrent submit() callers; 100,000 units through stream() --------------------------------

@@ -12,7 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from boundeddb import Outcome, RunnerClosedError, RunReport, RunStats, SemaphoreRunner
-from boundeddb._stats import _gauges, percentile
+from boundeddb._executors.pool import _gauges
+from boundeddb._stats import percentile
 from tests.kits import StartGate
 
 

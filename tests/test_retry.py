@@ -478,7 +478,9 @@ def test_a_lost_connection_is_transient_whatever_the_message(
     """An unrecognised driver error on a connection the server closed is marked lost, so it is retried."""
     from sqlalchemy import exc as sa_exc
 
-    from boundeddb._runners.tasks import note_lost_connection
+    from boundeddb._dialects import for_name
+
+    note_lost_connection = for_name("postgresql").note_lost_connection
 
     engine = make_sync_engine(driver, pool_size=2)
     with engine.connect() as healthy, engine.connect() as doomed:

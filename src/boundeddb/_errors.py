@@ -107,16 +107,22 @@ class UnitTimeout(BoundedDBError, TimeoutError):
 
 class UnitMisuseError(BoundedDBError, TypeError):
     """
-    A unit broke the unit contract, so the batch stopped: the error names the unit and the fix.
+    A unit broke the unit contract: the error names the unit and the fix.
 
-    It is raised (whatever ``errors`` says) when a unit is not callable, is of the wrong kind for the
-    runner (``async def`` for :class:`~boundeddb.ThreadOffloadRunner`, a plain function for an async
-    runner), or ended the runner's transaction itself (``session.commit()``, ``rollback()`` or
-    ``close()`` inside the unit): the runner owns the transaction, and cannot promise
-    "all or nothing" for a unit that commits part of its work on its own.
-    Units already in flight finish first, as with any failure.
+    A unit breaks it when it is not callable, is of the wrong kind for the runner (``async def`` for
+    :class:`~boundeddb.ThreadOffloadRunner`, a plain function for an async runner), or ends the
+    runner's transaction itself (``session.commit()``, ``rollback()`` or ``close()`` inside the
+    unit): the runner owns the transaction, and cannot promise "all or nothing" for a unit that
+    commits part of its work on its own.
+
+    With ``errors="raise"`` the batch stops and this error is raised once the units in flight
+    finish; with ``errors="collect"`` it is the unit's :attr:`Outcome.error <boundeddb.Outcome.error>`
+    and the other units run. A list of units is checked before any database work, and a bad one
+    is raised at once whatever ``errors`` says.
 
     .. versionadded:: 0.1.0
+    .. versionchanged:: 0.2.0
+       With ``errors="collect"``, a unit's misuse is its outcome instead of stopping the batch.
     """
 
 

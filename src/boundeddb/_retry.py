@@ -7,65 +7,9 @@ import math
 import random
 from collections.abc import Callable
 
-from sqlalchemy import exc as sa_exc
+from ._dialects import all_dialects
 
 __all__ = ["RetryPolicy", "is_transient"]
-
-#: PostgreSQL SQLSTATEs that mean "the same transaction may well succeed if run again".
-TRANSIENT_SQLSTATES = frozenset(
-    {
-        "40001",  # serialization_failure
-        "40P01",  # deadlock_detected
-        "57P01",  # admin_shutdown (pg_terminate_backend, a fast shutdown)
-        "57P02",  # crash_shutdown
-        "57P03",  # cannot_connect_now (the server is starting up or shutting down)
-    }
-)
-#: SQLSTATE class 08: connection exceptions.
-_CONNECTION_EXCEPTION_CLASS = "08"
-#: MySQL/MariaDB error numbers with the same meaning.
-TRANSIENT_MYSQL_ERRNOS = frozenset(
-    {
-        1213,  # ER_LOCK_DEADLOCK
-        1205,  # ER_LOCK_WAIT_TIMEOUT
-    }
-)
-
-
-def sqlstate(error: BaseException) -> str | None:
-    """The SQLSTATE of a driver error, whichever driver raised it (psycopg2, psycopg, asyncpg)."""
-    for candidate in (error, error.__cause__):
-        if candidate is None:
-            continue
-        for attribute in ("sqlstate", "pgcode"):
-            code = getattr(candidate, attribute, None)
-            if isinstance(code, str):
-                return code
-    return None
-
-
-def is_connection_error(error: BaseException) -> bool:
-    """Whether ``error`` says the connection to the server was lost, refused or invalidated."""
-    if isinstance(error, sa_exc.DBAPIError):
-        if error.connection_invalidated:
-            return True
-        orig = error.orig
-        if orig is None:
-            return False
-        code = sqlstate(orig)
-        if code is not None:
-            return code.startswith(_CONNECTION_EXCEPTION_CLASS) or code in {"57P01", "57P02", "57P03"}
-        return _is_socket_error(orig) or _is_socket_error(orig.__cause__)
-    return _is_socket_error(error)
-
-
-def _is_socket_error(error: BaseException | None) -> bool:
-    """
-    A refused, reset or aborted connection: :class:`ConnectionError`, or a bare :class:`OSError`
-    (asyncio's "Multiple exceptions" when every address refused). Not its other subclasses:
-    :class:`TimeoutError`, :class:`FileNotFoundError` and :class:`PermissionError` are OSErrors too.
-    """
-    return isinstance(error, ConnectionError) or type(error) is OSError
 
 
 def is_transient(error: BaseException) -> bool:
@@ -84,14 +28,7 @@ def is_transient(error: BaseException) -> bool:
 
     .. versionadded:: 0.1.0
     """
-    if is_connection_error(error):
-        return True
-    if isinstance(error, sa_exc.DBAPIError) and error.orig is not None:
-        if sqlstate(error.orig) in TRANSIENT_SQLSTATES:
-            return True
-        args: tuple[object, ...] = getattr(error.orig, "args", ())
-        return bool(args) and args[0] in TRANSIENT_MYSQL_ERRNOS
-    return False
+    return any(dialect.is_transient(error) for dialect in all_dialects())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

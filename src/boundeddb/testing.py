@@ -102,7 +102,10 @@ def postgres(
         yield PostgresServer(url, "local")
         return
     try:
-        import pgserver
+        with warnings.catch_warnings():
+            # platformdirs warns at import when XDG_RUNTIME_DIR is unset (as root, in CI, in a container).
+            warnings.simplefilter("ignore")
+            import pgserver
     except ImportError as error:
         msg = (
             f"no PostgreSQL answers at {url.render_as_string(hide_password=True)} and pgserver is "
@@ -111,7 +114,7 @@ def postgres(
         raise RuntimeError(msg) from error
     with tempfile.TemporaryDirectory(prefix="boundeddb-pg-") as directory:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR as root
+            warnings.simplefilter("ignore")  # the same warning, from pgserver's own calls
             server = pgserver.get_server(directory, cleanup_mode="delete")
         try:
             yield PostgresServer(make_url(server.get_uri()), "embedded")

@@ -1,30 +1,18 @@
-"""What the two async runners share: AsyncSession per unit, and their typed public verbs."""
+"""What the two async runners share: an AsyncSession per unit, and their typed public verbs."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
 from typing import Any
 
-import anyio
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
-from .._errors import UnitTimeout
+from .._executors.async_session import AsyncSessionExecutor
 from .._outcome import Outcome, RunReport
 from .._typing import AsyncUnit, ItemT, T
 from .base import BaseRunner
-from .checks import ended_transaction_message, units_of
-from .tasks import (
-    CommitUnknown,
-    ConnectFailed,
-    RunState,
-    UnitMisuse,
-    commit_fate_unknown,
-    logger,
-    note_lost_connection,
-)
+from .checks import units_of
 
 
 def check_async_sessions(sessions: object, runner: str) -> Any:
@@ -47,111 +35,18 @@ def check_async_sessions(sessions: object, runner: str) -> Any:
     raise TypeError(msg)
 
 
-async def _cancel_once(body: asyncio.Future[Any]) -> Any:
-    """
-    Await a unit's body; if we are cancelled, cancel the body exactly once and wait for it.
-
-    anyio cancels level-triggered: it would cancel SQLAlchemy's own clean-up of an interrupted
-    statement again and again, so that asyncpg aborts the socket before its CancelRequest reaches
-    the server, and the statement runs on there. One plain cancellation lets SQLAlchemy and asyncpg
-    stop the statement on the server and close the connection properly.
-    """
-    try:
-        return await asyncio.shield(body)
-    except BaseException:
-        if not body.done():
-            body.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.wait({body})
-        raise
-
-
-async def close_session(session: AsyncSession, connection: AsyncConnection | None) -> None:
-    """Roll back whatever is open and return the connection; invalidate it if that fails."""
-    with anyio.CancelScope(shield=True):
-        try:
-            await session.close()
-        except Exception as error:
-            logger.warning(
-                "closing a unit's session failed (%s); invalidating its connection",
-                type(error).__qualname__,
-            )
-            await invalidate(connection)
-
-
-async def invalidate(connection: AsyncConnection | None) -> None:
-    """Discard ``connection`` from the pool (SQLAlchemy closes it), so it can be neither leaked
-    nor handed back with a transaction still open."""
-    if connection is None:
-        return
-    with anyio.CancelScope(shield=True):
-        try:
-            await connection.invalidate()
-        except Exception as error:  # already closed or gone: nothing left to return
-            logger.debug("invalidating a connection failed: %s", type(error).__qualname__)
-
-
-class _Attempt:
-    """What one attempt's clean-up needs to know."""
-
-    __slots__ = ("committing", "connection")
-
-    def __init__(self) -> None:
-        self.committing = False
-        self.connection: AsyncConnection | None = None
-
-
-class AsyncUnitsRunner(BaseRunner[Any]):
+class AsyncUnitsRunner(BaseRunner):
     """The verbs of the async runners, typed for ``async def unit(session: AsyncSession) -> T``."""
 
-    async def _attempt(self, unit: Any, index: int, state: RunState) -> Any:
-        session: AsyncSession = self._sessions()
-        attempt = _Attempt()
-        try:
-            body = asyncio.ensure_future(self._body(session, unit, index, attempt))
-            if self._timeout is None:
-                return await _cancel_once(body)
-            with anyio.move_on_after(self._timeout):
-                return await _cancel_once(body)
-            timeout = UnitTimeout(index, self._timeout)
-            raise CommitUnknown(timeout) if attempt.committing else timeout
-        finally:
-            await close_session(session, attempt.connection)
-
-    async def _body(self, session: AsyncSession, unit: Any, index: int, attempt: _Attempt) -> Any:
-        transaction = session.sync_session.begin()
-        try:
-            # Connect before the unit runs: a failure here means nothing was sent (safe to retry),
-            # and the clean-up keeps hold of the connection in case it has to invalidate it.
-            attempt.connection = await session.connection()
-        except Exception as error:
-            raise ConnectFailed(error) from None
-        result = unit(session)
-        if not inspect.isawaitable(result):
-            msg = (
-                f"unit {index} returned {type(result).__name__}, not an awaitable: "
-                f"{type(self).__name__} runs `async def unit(session: AsyncSession)`; "
-                "run plain functions with ThreadOffloadRunner"
-            )
-            raise UnitMisuse(msg)
-        try:
-            value = await result
-        except Exception as error:
-            note_lost_connection(error, attempt.connection)
-            raise
-        if not transaction.is_active:
-            raise UnitMisuse(ended_transaction_message(index))
-        attempt.committing = True
-        try:
-            await session.commit()
-        except Exception as error:
-            note_lost_connection(error, attempt.connection)
-            # A failed COMMIT can leave the transaction open on the connection: discard it.
-            await invalidate(attempt.connection)
-            if commit_fate_unknown(error):
-                raise CommitUnknown(error) from None
-            raise
-        return value
+    def _new_executor(self) -> AsyncSessionExecutor:
+        return AsyncSessionExecutor(
+            self._sessions,
+            engine=self._engine,
+            dialect=self._dialect,
+            attempts=self._attempts,
+            timeout=self._timeout,
+            runner=type(self).__name__,
+        )
 
     async def run(self, units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]]) -> RunReport[T]:
         """
@@ -172,10 +67,14 @@ class AsyncUnitsRunner(BaseRunner[Any]):
             RunFailed: with ``errors="raise"``, after the first failure: no new unit is started,
                 the units in flight finish, then the units' own exceptions are raised as a group
                 holding the partial report.
-            UnitMisuseError: a unit was not callable or not async; raised after in-flight units finish.
+            UnitMisuseError: with ``errors="raise"``, a unit was not callable, not async, or ended
+                the transaction itself; raised after in-flight units finish. (With
+                ``errors="collect"`` it is that unit's outcome; a list is checked up front either way.)
 
         Cancelling the call cancels the units in flight, rolls their transactions back and returns
-        their connections to the pool before the cancellation propagates.
+        their connections to the pool before the cancellation propagates: a unit in flight is never
+        committed after the cancellation, even one that swallows it (a unit whose COMMIT had begun
+        finishes it).
         """
         return await self._run_units(units)
 

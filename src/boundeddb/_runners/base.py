@@ -1,66 +1,46 @@
-"""The lifecycle every runner shares: slots, the per-unit path, batches, streams and submits.
+"""
+What every runner shares: its limiter, its lifecycle, and how each verb becomes a run.
 
-A concrete runner supplies two things:
-``_attempt`` (run one unit once, in its own session and transaction) and, for
-:class:`~boundeddb.ChunkedRunner`, a different ``_pace`` (how units are started).
-Everything else — the slot acquired *before* a unit is pulled, retries that give their slot back,
-outcomes, stats, stopping at the first failure, cancellation — lives here, once.
+A concrete runner supplies its executor (how one attempt runs: async, or in a thread) and, for
+:class:`~boundeddb.ChunkedRunner`, its pacer; the core does the rest (``boundeddb._core``).
 """
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
-from contextlib import contextmanager, suppress
-from time import perf_counter
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
 from sqlalchemy.engine import Engine
 
-from .._errors import RunFailed, RunnerBusyElsewhereError, RunnerClosedError
+from .._core.attempts import Attempts
+from .._core.background import Background
+from .._core.limiter import Limiter
+from .._core.pacing import Executor, Pacer, SlidingWindow, drive
+from .._core.recorder import LoopLag, NullRecorder, Recorder
+from .._core.run import ListSink, Run, SinkT, StreamSink, ValueSink
+from .._dialects import Dialect, for_name
+from .._errors import RunnerBusyElsewhereError, RunnerClosedError, UnitMisuseError
+from .._executors.pool import watch_pool
 from .._outcome import Outcome, RunReport
-from .._stats import LoopLag, StatsRecorder
-from .checks import ErrorsMode, check_errors, check_retry, check_timeout, checked_iterable
-from .tasks import (
-    END,
-    CommitUnknown,
-    ConnectFailed,
-    Puller,
-    RunState,
-    Slot,
-    UnitMisuse,
-    UnitTasks,
-    _background,
-    call_when_cancelled,
-    logger,
-)
+from .._retry import RetryPolicy
+from .checks import check_errors, check_retry, check_timeout, checked_iterable
 
-MakerT = TypeVar("MakerT")
+__all__ = ["BaseRunner"]
 
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
+RunnerT = TypeVar("RunnerT", bound="BaseRunner")
+_NULL_RECORDER = NullRecorder()
 
 
-class _Binding:
-    """The runner's slots, which belong to one event loop at a time."""
-
-    def __init__(self, token: object, limit: int) -> None:
-        self.token = token
-        # fast_acquire: no extra trip through the event loop when a slot is free (the hot path).
-        self.gate = anyio.Semaphore(limit, fast_acquire=True)
-        self.thread_limiter = anyio.CapacityLimiter(limit)
-        self.users = 0
-
-
-class BaseRunner(Generic[MakerT]):
+class BaseRunner:
     """Shared machinery; see the concrete runners for the public API."""
 
     def __init__(
         self,
-        sessions: MakerT,
+        sessions: Any,
         *,
         limit: int,
         errors: object,
@@ -70,33 +50,42 @@ class BaseRunner(Generic[MakerT]):
     ) -> None:
         self._sessions = sessions
         self._engine = engine
-        self._limit = limit
+        self._limiter = Limiter(limit)
         self._errors = check_errors(errors)
-        self._retry = check_retry(retry)
+        self._retry: RetryPolicy = check_retry(retry)
         self._timeout = check_timeout(timeout)
+        self._attempts = Attempts(self._retry)
+        self._dialect: Dialect = for_name(engine.dialect.name)
+        self._executor: Executor[Any] = self._new_executor()
         self._closed = False
-        self._binding: _Binding | None = None
+        self._loop_token: object = None
+        self._calls_in_flight = 0
         self._binding_lock = threading.Lock()
+
+    def _new_executor(self) -> Executor[Any]:
+        raise NotImplementedError
+
+    def _new_pacer(self, workers: int) -> Pacer:
+        return SlidingWindow()
 
     # -- public read-only state ---------------------------------------------------------------
 
     @property
     def limit(self) -> int:
         """The most units of this runner in flight at once, across all its calls."""
-        return self._limit
+        return self._limiter.limit
 
     @property
     def in_flight(self) -> int:
         """Units holding a slot right now."""
-        binding = self._binding
-        return 0 if binding is None else self._limit - binding.gate.value
+        return self._limiter.in_flight
 
     def __repr__(self) -> str:
-        binding = self._binding
-        waiting = 0 if binding is None else binding.gate.statistics().tasks_waiting
+        stats = self._limiter.statistics()
         state = " closed" if self._closed else ""
         return (
-            f"<{type(self).__name__} limit={self._limit} in_flight={self.in_flight} waiting={waiting}{state}>"
+            f"<{type(self).__name__} limit={stats.limit} in_flight={stats.in_flight} "
+            f"waiting={stats.waiting}{state}>"
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -109,311 +98,110 @@ class BaseRunner(Generic[MakerT]):
         """
         self._closed = True
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self: RunnerT) -> RunnerT:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     @contextmanager
-    def _bound(self) -> Any:
+    def _bound(self) -> Iterator[None]:
         """Use the runner from the current event loop, refusing a second loop while one is busy."""
         if self._closed:
             msg = f"this {type(self).__name__} is closed: create a new runner"
             raise RunnerClosedError(msg)
         token = anyio.lowlevel.current_token()
         with self._binding_lock:
-            binding = self._binding
-            if binding is None or binding.token != token:
-                if binding is not None and binding.users:
-                    msg = (
-                        f"this {type(self).__name__} has work in flight on another event loop; its limit "
-                        "is enforced within one loop at a time. Create one runner per event loop "
-                        "(or per thread calling run_sync) — they can share the engine."
-                    )
-                    raise RunnerBusyElsewhereError(msg)
-                binding = self._binding = _Binding(token, self._limit)
-            binding.users += 1
+            if self._calls_in_flight and self._loop_token != token:
+                msg = (
+                    f"this {type(self).__name__} has work in flight on another event loop; its limit "
+                    "is enforced within one loop at a time. Create one runner per event loop "
+                    "(or per thread calling run_sync) — they can share the engine."
+                )
+                raise RunnerBusyElsewhereError(msg)
+            self._loop_token = token
+            self._calls_in_flight += 1
         try:
-            yield binding
+            yield
         finally:
             with self._binding_lock:
-                binding.users -= 1
+                self._calls_in_flight -= 1
 
-    # -- what a concrete runner supplies --------------------------------------------------------
+    # -- units ----------------------------------------------------------------------------------
 
-    def _check_unit(self, unit: object, index: int) -> None:
-        """Raise UnitMisuse if ``unit`` can be seen to be of the wrong kind before it runs."""
-        if not callable(unit):
-            msg = (
-                f"unit {index} is {unit!r}, which is not callable: pass a function that takes "
-                f"the session, e.g. {self._unit_example}"
-            )
-            raise UnitMisuse(msg)
+    def _checked_units(self, units: object) -> Iterable[Any] | AsyncIterable[Any]:
+        """``units`` if iterable; a list or tuple is checked whole, before any database work."""
+        checked = checked_iterable(units, "units")
+        if isinstance(checked, (list, tuple)):
+            for index, unit in enumerate(checked):
+                self._check_now(unit, index)
+        return checked
 
-    _unit_example = "async def unit(session): ..."
+    def _check_now(self, unit: object, index: int) -> None:
+        message = self._executor.check(unit, index)
+        if message is not None:
+            raise UnitMisuseError(message)
 
-    async def _attempt(self, unit: Any, index: int, state: RunState) -> Any:
-        raise NotImplementedError
-
-    def _on_cancel_statements(self, state: RunState) -> Callable[[], Awaitable[None]] | None:
-        """A coroutine that stops in-flight statements when a run is cancelled, if needed."""
-        return None
-
-    # -- one unit: attempts, retries, slot hand-back ---------------------------------------------
-
-    def _settle_failure(
-        self, error: Exception, index: int, attempt: int, latency: float, wait_s: float, state: RunState
-    ) -> Outcome[Any] | None:
-        """The outcome of a failed attempt, or ``None`` if the unit is to be tried again."""
-        if isinstance(error, UnitMisuse):
-            if state.misuse is None:
-                state.misuse = error.error
-            state.stop = True
-            return Outcome(index, None, error.error, latency, wait_s, attempt)
-        if isinstance(error, CommitUnknown):
-            logger.warning(
-                "unit %d: the connection failed during COMMIT (%s); it may have committed",
-                index,
-                type(error.error).__qualname__,
-            )
-            if state.stop_on_failure:
-                state.stop = True
-            return Outcome(index, None, error.error, latency, wait_s, attempt, True)
-        if isinstance(error, ConnectFailed):
-            # The unit never ran: retrying is safe whatever the error, if the policy allows more.
-            if attempt < self._retry.attempts:
-                return None
-            error = error.error
-        elif self._retry.should_retry(error, attempt):
-            return None
-        logger.debug("unit %d failed after %d attempt(s): %s", index, attempt, type(error).__qualname__)
-        if state.stop_on_failure:
-            state.stop = True
-        return Outcome(index, None, error, latency, wait_s, attempt)
-
-    async def _unit_task(
-        self,
-        unit: Any,
-        index: int,
-        slot: Slot,
-        wait_s: float,
-        state: RunState,
-        deliver: Callable[[Outcome[Any]], Awaitable[None]],
-        attempt: int = 1,
-    ) -> None:
-        try:
-            while True:
-                started = perf_counter()
-                try:
-                    value = await self._attempt(unit, index, state)
-                except Exception as error:
-                    settled = self._settle_failure(
-                        error, index, attempt, perf_counter() - started, wait_s, state
-                    )
-                    if settled is not None:
-                        outcome = settled
-                        break
-                    wait_s += await self._back_off(index, attempt, error, slot, state)
-                    attempt += 1
-                else:
-                    outcome = Outcome(index, value, None, perf_counter() - started, wait_s, attempt)
-                    break
-        finally:
-            slot.release()
-        if state.recorder is not None:
-            state.recorder.unit_finished(outcome.error is None, outcome.latency_s, attempt)
-        await deliver(outcome)
-
-    async def _back_off(
-        self, index: int, attempt: int, error: Exception, slot: Slot, state: RunState
-    ) -> float:
-        """Give the slot back, sleep the policy's delay, take a slot again; return the slot wait."""
-        delay = self._retry.delay(attempt)
-        shown = error.error if isinstance(error, ConnectFailed) else error
-        logger.warning(
-            "unit %d attempt %d failed with %s; retrying in %.3f s",
-            index,
-            attempt,
-            type(shown).__qualname__,
-            delay,
-        )
-        slot.release()  # never hold a connection slot while backing off
-        if state.recorder is not None:
-            state.recorder.attempt_paused()
-        await anyio.sleep(delay)
-        waited = perf_counter()
-        await slot.reacquire()
-        if state.recorder is not None:
-            state.recorder.attempt_resumed()
-        return perf_counter() - waited
-
-    # -- many units: pulling lazily under the limit -----------------------------------------------
-
-    async def _pace(
-        self,
-        pull: Puller,
-        gate: anyio.Semaphore,
-        state: RunState,
-        deliver: Callable[[Outcome[Any]], Awaitable[None]],
-        window: anyio.Semaphore | None,
-    ) -> None:
-        """Sliding window: start a unit whenever a slot is free; acquire the slot *before* pulling."""
-        index = 0
-        async with UnitTasks(self, state, deliver) as units:
-            while True:
-                slot, unit, wait_s = await self._next_unit(pull, gate, state, window, index)
-                if slot is None:
-                    return
-                units.start(unit, index, slot, wait_s)
-                index += 1
-
-    async def _next_unit(
-        self,
-        pull: Puller,
-        gate: anyio.Semaphore,
-        state: RunState,
-        window: anyio.Semaphore | None,
-        index: int,
-    ) -> tuple[Slot | None, Any, float]:
-        """Acquire a slot, then pull and check one unit; ``(None, ...)`` (slot released) when done."""
-        if state.stop:
-            return None, END, 0.0
-        if window is not None:
-            await window.acquire()
-        waited = perf_counter()
-        await gate.acquire()
-        wait_s = perf_counter() - waited
-        unit = END
-        try:
-            if not state.stop:
-                unit = await pull()
-                if unit is not END:
-                    self._check_unit(unit, index)
-        except UnitMisuse as misuse:
-            state.misuse, state.stop, unit = misuse.error, True, END
-        except Exception as error:  # the caller's iterable failed: drain, then re-raise it
-            state.input_error, state.stop, unit = error, True, END
-        finally:
-            if unit is END:
-                gate.release()
-                if window is not None:
-                    window.release()
-        if unit is END:
-            return None, END, wait_s
-        return Slot(gate), unit, wait_s
-
-    async def _drive(
+    def _new_run(
         self,
         units: Iterable[Any] | AsyncIterable[Any],
-        binding: _Binding,
-        state: RunState,
-        deliver: Callable[[Outcome[Any]], Awaitable[None]],
+        sink: SinkT,
+        recorder: NullRecorder,
+        *,
+        stop_on_failure: bool,
         window: anyio.Semaphore | None = None,
-    ) -> None:
-        """Run every unit of ``units`` (with the loop-lag ticker and the canceller beside them)."""
-        pull = Puller(units)
-
-        async def pace() -> None:
-            await self._pace(pull, binding.gate, state, deliver, window)
-
-        ticker = state.recorder is not None and state.measure_loop_lag
-        await self._beside_helpers(state, pace, ticker=ticker)
-
-    async def _beside_helpers(
-        self, state: RunState, work: Callable[[], Awaitable[None]], *, ticker: bool
-    ) -> None:
-        """
-        Run ``work`` as a child task, beside the loop-lag ticker and the statement canceller.
-
-        As a child (not in the caller's task), the work and the canceller are cancelled together
-        when the caller is: by a cancel scope, but also by a native ``Task.cancel()``,
-        ``asyncio.timeout()`` or Ctrl-C in ``run_sync()``, which only reach the caller's task.
-        """
-        on_cancel = self._on_cancel_statements(state)
-        try:
-            async with anyio.create_task_group() as helpers:
-                if ticker and state.recorder is not None:
-                    lag = state.recorder.loop_lag = LoopLag()
-                    helpers.start_soon(lag.tick_forever)
-                if on_cancel is not None:
-                    helpers.start_soon(call_when_cancelled, on_cancel)
-
-                async def run_work() -> None:
-                    try:
-                        await work()
-                    finally:
-                        helpers.cancel_scope.cancel()
-
-                helpers.start_soon(run_work)
-        except BaseExceptionGroup as group:  # an unexpected error of our own: show it plainly
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
-
-    def _new_state(self, *, keep_latencies: bool = True, measure_loop_lag: bool = True) -> RunState:
-        recorder = StatsRecorder(self._engine.pool, keep_latencies=keep_latencies)
-        return RunState(
-            stop_on_failure=self._errors == "raise",
+    ) -> Run[SinkT]:
+        return Run(
+            units,
+            sink,
+            check=self._executor.check,
+            stop_on_failure=stop_on_failure,
             recorder=recorder,
-            measure_loop_lag=measure_loop_lag,
+            window=window,
         )
+
+    async def _drive(self, run: Run[Any], loop_lag: LoopLag | None = None) -> None:
+        workers = int(min(self._limiter.limit, max(1, run.size)))
+        pacer = self._new_pacer(workers)
+        await drive(run, self._executor, self._attempts, pacer, self._limiter, workers, loop_lag=loop_lag)
+
+    # -- the verbs ------------------------------------------------------------------------------
 
     async def _run_units(
         self, units: Iterable[Any] | AsyncIterable[Any], *, measure_loop_lag: bool = True
     ) -> RunReport[Any]:
         units = self._checked_units(units)
-        outcomes: list[Outcome[Any]] = []
-        state = self._new_state(measure_loop_lag=measure_loop_lag)
-        lock = threading.Lock()
-
-        def collect(outcome: Outcome[Any]) -> None:
-            index = outcome.index
-            with lock:
-                if index >= len(outcomes):
-                    outcomes.extend([outcome] * (index + 1 - len(outcomes)))
-                outcomes[index] = outcome
-
-        async def deliver(outcome: Outcome[Any]) -> None:
-            collect(outcome)
-
-        state.collect = collect
-
-        assert state.recorder is not None
-        try:
-            with self._bound() as binding:
-                await self._drive(units, binding, state, deliver)
-        finally:
-            state.recorder.close()
-        report = RunReport(outcomes, state.recorder.finish())
-        _raise_for_state(state, report, self._errors)
-        return report
+        with self._bound():
+            recorder = Recorder(watch_pool(self._engine.pool))
+            try:
+                sink = ListSink()
+                run = self._new_run(units, sink, recorder, stop_on_failure=self._errors == "raise")
+                loop_lag = recorder.loop_lag = LoopLag() if measure_loop_lag else None
+                await self._drive(run, loop_lag)
+            finally:
+                recorder.close()
+        return run.report(sink.outcomes, recorder.finish())
 
     async def _stream_units(
         self, units: Iterable[Any] | AsyncIterable[Any]
     ) -> AsyncGenerator[Outcome[Any], None]:
         units = self._checked_units(units)
-        with self._bound() as binding:
-            state = self._new_state(keep_latencies=False)
-            recorder = state.recorder
-            assert recorder is not None
-            failures: list[Outcome[Any]] = []
+        with self._bound():
+            recorder = Recorder(watch_pool(self._engine.pool), keep_latencies=False)
             # Pulled but not yet consumed: at most twice the limit, so memory stays O(limit).
-            window = anyio.Semaphore(2 * self._limit)
-            send, receive = anyio.create_memory_object_stream[Outcome[Any]](self._limit)
+            lookahead = 2 * self._limiter.limit
+            send, receive = anyio.create_memory_object_stream[Outcome[Any]](lookahead)
+            sink = StreamSink(send)
+            window = anyio.Semaphore(lookahead)
+            run = self._new_run(units, sink, recorder, stop_on_failure=self._errors == "raise", window=window)
+            loop_lag = recorder.loop_lag = LoopLag()
 
-            async def deliver(outcome: Outcome[Any]) -> None:
-                if outcome.error is not None:
-                    failures.append(outcome)
-                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    await send.send(outcome)  # the consumer may have stopped listening
-
-            async def produce(binding: _Binding) -> None:
+            async def produce() -> None:
                 async with send:
-                    await self._drive(units, binding, state, deliver, window)
+                    await self._drive(run, loop_lag)
 
             try:
-                async with _background(produce, binding), receive:
+                async with Background(produce), receive:
                     async for outcome in receive:
                         window.release()
                         yield outcome
@@ -421,62 +209,12 @@ class BaseRunner(Generic[MakerT]):
                 send.close()  # in case the producer was cancelled before it started
                 receive.close()
                 recorder.close()
-        _raise_for_state(state, RunReport(failures, recorder.finish()), self._errors)
+        run.raise_for(RunReport(sink.failures, recorder.finish()))
 
     async def _submit_unit(self, unit: Any) -> Any:
-        self._check_unit_now(unit, 0)
-        state = RunState(stop_on_failure=True, recorder=None)
-        result: list[Outcome[Any]] = []
-
-        async def deliver(outcome: Outcome[Any]) -> None:
-            result.append(outcome)
-
-        with self._bound() as binding:
-            waited = perf_counter()
-            await binding.gate.acquire()
-            slot = Slot(binding.gate)
-            wait_s = perf_counter() - waited
-
-            # A child task, so that its shielded clean-up cannot be interrupted by a native
-            # Task.cancel() aimed at the caller.
-            async def run_unit() -> None:
-                async with UnitTasks(self, state, deliver) as units:
-                    units.start(unit, 0, slot, wait_s)
-
-            try:
-                await self._beside_helpers(state, run_unit, ticker=False)
-            finally:
-                slot.release()  # if the unit task never started
-        if state.misuse is not None:
-            raise state.misuse
-        return result[0].unwrap()
-
-    def _checked_units(self, units: object) -> Iterable[Any] | AsyncIterable[Any]:
-        """``units`` if iterable; a list or tuple is checked whole, before any database work."""
-        checked = checked_iterable(units, "units")
-        if isinstance(checked, (list, tuple)):
-            for index, unit in enumerate(checked):
-                self._check_unit_now(unit, index)
-        return checked
-
-    def _check_unit_now(self, unit: object, index: int) -> None:
-        try:
-            self._check_unit(unit, index)
-        except UnitMisuse as misuse:
-            raise misuse.error from None
-
-
-def _raise_for_state(state: RunState, report: RunReport[Any], errors: ErrorsMode) -> None:
-    if state.misuse is not None:
-        raise state.misuse
-    if state.input_error is not None:
-        raise state.input_error
-    failures = [o.error for o in report.outcomes if o.error is not None]
-    if errors == "raise" and failures:
-        first = next(o for o in report.outcomes if o.error is not None)
-        message = (
-            f"{len(failures)} of {report.stats.submitted} units failed "
-            f"(first: unit {first.index}: {type(first.error).__qualname__}); "
-            "the rest committed or were never started"
-        )
-        raise RunFailed(message, failures, report=report)
+        self._check_now(unit, 0)
+        with self._bound():
+            sink = ValueSink()
+            await self._drive(self._new_run([unit], sink, _NULL_RECORDER, stop_on_failure=True))
+        assert sink.outcome is not None
+        return sink.outcome.unwrap()

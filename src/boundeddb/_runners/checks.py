@@ -126,15 +126,6 @@ def checked_iterable(units: object, name: str) -> Iterable[Any] | AsyncIterable[
     raise TypeError(msg)
 
 
-def ended_transaction_message(index: int) -> str:
-    return (
-        f"unit {index} ended the runner's transaction itself (it called session.commit(), "
-        "rollback() or close()): whatever it committed stays committed and the rest was rolled "
-        "back. The runner owns the transaction and commits when the unit returns: remove the call "
-        "(use session.flush() to send changes early)"
-    )
-
-
 def units_of(fn: object, items: object, runner: str) -> Iterable[Any] | AsyncIterable[Any]:
     """Turn ``map(fn, items)`` into lazy units ``fn(session, item)``."""
     if not callable(fn):

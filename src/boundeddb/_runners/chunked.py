@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, final
 
-import anyio
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from .._outcome import Outcome
+from .._core.pacing import Chunks
 from .._retry import RetryPolicy
 from .async_units import AsyncUnitsRunner, check_async_sessions
 from .checks import ErrorsMode, bound_engine, pool_capacity, resolve_limit
-from .tasks import Puller, RunState, UnitTasks
 
 
 @final
@@ -63,29 +60,10 @@ class ChunkedRunner(AsyncUnitsRunner):
     @property
     def chunk_size(self) -> int:
         """Units per chunk."""
-        return self._limit
+        return self._limiter.limit
 
-    async def __aenter__(self) -> ChunkedRunner:
-        return self
-
-    async def _pace(
-        self,
-        pull: Puller,
-        gate: anyio.Semaphore,
-        state: RunState,
-        deliver: Callable[[Outcome[Any]], Awaitable[None]],
-        window: anyio.Semaphore | None,
-    ) -> None:
-        """Start up to ``chunk_size`` units (each as its slot frees), then wait for all of them."""
-        index = 0
-        while True:
-            async with UnitTasks(self, state, deliver) as chunk:
-                for _ in range(self._limit):
-                    slot, unit, wait_s = await self._next_unit(pull, gate, state, window, index)
-                    if slot is None:
-                        return
-                    chunk.start(unit, index, slot, wait_s)
-                    index += 1
+    def _new_pacer(self, workers: int) -> Chunks:
+        return Chunks(workers)
 
 
 #: The chunk of the "async chunks of 40" benchmark.

@@ -55,6 +55,3 @@ class SemaphoreRunner(AsyncUnitsRunner):
             timeout=timeout,
             engine=engine,
         )
-
-    async def __aenter__(self) -> SemaphoreRunner:
-        return self

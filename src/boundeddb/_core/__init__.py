@@ -1,0 +1,1 @@
+"""The database-agnostic core: runs, slots, attempts and pacing (anyio only, never SQLAlchemy)."""

@@ -1,0 +1,175 @@
+"""
+One unit from its first attempt to its outcome, written once for every executor.
+
+An executor runs one attempt (in its own session and transaction) and either returns the unit's
+value or raises. :meth:`Attempts.settle` decides what a failure means, explicitly: the unit's
+:class:`~boundeddb.Outcome` (done) or the delay before the next attempt (retry). A retry backs off
+*without* a slot, so a unit waiting to try again never holds a connection: :meth:`Attempts.first`
+makes the first attempt and :meth:`Attempts.rest` the ones a :class:`Retry` is owed — in the same
+worker (chunks) or in a worker of its own, so that its slot serves other units meanwhile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from time import perf_counter
+from typing import Any, Protocol, TypeVar
+
+import anyio
+
+from .._errors import UnitMisuseError
+from .._outcome import Outcome
+from .limiter import Slot
+from .recorder import NullRecorder
+
+__all__ = ["Attempts", "CommitUnknown", "ConnectFailed", "Retry", "RetryRule", "UnitMisuse"]
+
+logger = logging.getLogger("boundeddb")
+
+WorkerT = TypeVar("WorkerT")
+
+
+class ConnectFailed(Exception):
+    """Carries the error of opening a unit's connection: the unit never ran, nothing was sent."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class CommitUnknown(Exception):
+    """Carries a unit's error raised while the runner committed, when the commit may have happened."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class UnitMisuse(Exception):
+    """Carries the error about how a unit was written (not a database failure of the unit)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.error = UnitMisuseError(message)
+
+
+class RetryRule(Protocol):
+    """What the attempt loop needs of a :class:`~boundeddb.RetryPolicy`."""
+
+    @property
+    def attempts(self) -> int: ...
+
+    def should_retry(self, error: Exception, attempt: int) -> bool: ...
+
+    def delay(self, attempt: int) -> float: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Retry:
+    """A unit whose attempt failed and is owed another, after ``delay`` seconds."""
+
+    unit: Any
+    index: int
+    #: The number of the attempt it is owed (2 after the first failed).
+    attempt: int
+    delay: float
+    #: Seconds it waited for slots so far.
+    wait_s: float
+
+
+#: One attempt of ``unit`` (number ``index``) by ``worker``: its value, or it raises.
+AttemptFn = Callable[[WorkerT, Any, int], Awaitable[Any]]
+
+
+class Attempts:
+    """The retry rule of a runner, applied to each failed attempt."""
+
+    __slots__ = ("_retry",)
+
+    def __init__(self, retry: RetryRule) -> None:
+        self._retry = retry
+
+    def settle(
+        self, error: Exception, index: int, attempt: int, latency_s: float, wait_s: float
+    ) -> Outcome[Any] | float:
+        """The outcome of a failed attempt, or the seconds to wait before the next one."""
+        if isinstance(error, UnitMisuse):
+            return Outcome(index, None, error.error, latency_s, wait_s, attempt)
+        if isinstance(error, CommitUnknown):
+            logger.warning(
+                "unit %d: the connection failed during COMMIT (%s); it may have committed",
+                index,
+                type(error.error).__qualname__,
+            )
+            return Outcome(index, None, error.error, latency_s, wait_s, attempt, True)
+        shown = error
+        if isinstance(error, ConnectFailed):
+            # The unit never ran: retrying is safe whatever the error, if the policy allows more.
+            shown = error.error
+            retry = attempt < self._retry.attempts
+        else:
+            retry = self._retry.should_retry(error, attempt)
+        if not retry:
+            logger.debug("unit %d failed after %d attempt(s): %s", index, attempt, type(shown).__qualname__)
+            return Outcome(index, None, shown, latency_s, wait_s, attempt)
+        delay = self._retry.delay(attempt)
+        logger.warning(
+            "unit %d attempt %d failed with %s; retrying in %.3f s",
+            index,
+            attempt,
+            type(shown).__qualname__,
+            delay,
+        )
+        return delay
+
+    async def first(
+        self, attempt_fn: AttemptFn[WorkerT], worker: WorkerT, unit: Any, index: int, wait_s: float
+    ) -> Outcome[Any] | Retry:
+        """Attempt ``unit`` once; its outcome, or the retry it is owed."""
+        started = perf_counter()
+        try:
+            value = await attempt_fn(worker, unit, index)
+        except Exception as error:
+            settled = self.settle(error, index, 1, perf_counter() - started, wait_s)
+            return settled if isinstance(settled, Outcome) else Retry(unit, index, 2, settled, wait_s)
+        return Outcome(index, value, None, perf_counter() - started, wait_s)
+
+    async def rest(
+        self,
+        attempt_fn: AttemptFn[WorkerT],
+        worker: WorkerT,
+        slot: Slot,
+        recorder: NullRecorder,
+        retry: Retry,
+    ) -> Outcome[Any]:
+        """
+        The attempts a unit is owed after its first failed: each after a back-off without a slot.
+
+        ``slot`` is the worker's: given back (if held) for each back-off, taken again after it.
+        A unit that comes here without a slot (handed to a worker of its own) was counted as
+        paused when it gave its first one up.
+        """
+        unit, index, attempt = retry.unit, retry.index, retry.attempt
+        delay, wait_s = retry.delay, retry.wait_s
+        while True:
+            if slot.held:
+                slot.give()  # never hold a connection slot while backing off
+                recorder.attempt_paused()
+            await anyio.sleep(delay)
+            waited = perf_counter()
+            await slot.take()
+            recorder.attempt_resumed()
+            wait_s += perf_counter() - waited
+            started = perf_counter()
+            try:
+                value = await attempt_fn(worker, unit, index)
+            except Exception as error:
+                settled = self.settle(error, index, attempt, perf_counter() - started, wait_s)
+                if isinstance(settled, Outcome):
+                    return settled
+                delay = settled
+                attempt += 1
+            else:
+                return Outcome(index, value, None, perf_counter() - started, wait_s, attempt)

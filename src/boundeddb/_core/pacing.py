@@ -1,0 +1,246 @@
+"""
+How a run starts its units: long-lived workers, each taking a slot before it pulls a unit.
+
+A run has up to ``limit`` workers (the shape of hand-written code: workers pulling from one
+iterator), not a task per unit. A worker takes a slot from the runner's limiter, has the executor
+serve units while it holds it, gives it back and paces itself:
+
+- :class:`SlidingWindow`: the next unit starts as soon as a slot is free. A unit to be retried is
+  handed to a worker of its own, which backs off without a slot, so the slot serves other units.
+- :class:`Chunks`: each worker runs one unit (retries included), then all wait for each other.
+
+How workers run, and how they are stopped when the run is cancelled, is the executor's business
+(native asyncio tasks cancelled exactly once, or threads whose statements are cancelled): a
+:class:`Team` of workers that may grow while the run lasts.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from time import perf_counter
+from typing import Any, Protocol, TypeVar
+
+import anyio
+
+from .attempts import AttemptFn, Attempts, Retry
+from .limiter import Limiter, Slot
+from .recorder import LoopLag
+from .run import REFUSED, Run
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ["Body", "Chunks", "Executor", "Pacer", "SlidingWindow", "Team", "Worker", "drive", "serve_one"]
+
+
+class Worker:
+    """One of a run's workers; executors add what they need to stop one."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+
+
+WorkerT = TypeVar("WorkerT", bound=Worker)
+Body = Callable[[WorkerT], Coroutine[Any, Any, None]]
+
+
+class Team(Protocol[WorkerT]):
+    """A run's workers, as an executor runs them."""
+
+    async def run(self, workers: list[WorkerT], body: Body[WorkerT]) -> None:
+        """Run ``body(worker)`` for each worker, and for those spawned meanwhile, until all are done.
+
+        If cancelled: stop every worker, wait for all of them, then let the cancellation go on.
+        """
+        ...
+
+    def spawn(self, worker: WorkerT, body: Body[WorkerT]) -> None:
+        """Start one more worker (not once the run is cancelled)."""
+        ...
+
+
+class Executor(Protocol[WorkerT]):
+    """How units run: the seam between the core and a kind of session (async, or in threads)."""
+
+    def check(self, unit: object, index: int) -> str | None:
+        """What is wrong with ``unit`` for this executor, or ``None``."""
+        ...
+
+    def worker(self, slot: Slot) -> WorkerT: ...
+
+    def team(self, run: Run[Any]) -> Team[WorkerT]: ...
+
+    async def serve(self, run: Run[Any], worker: WorkerT, wait_s: float) -> bool | Retry:
+        """Run units while ``worker`` holds its slot: ``False`` once the input is exhausted,
+        a :class:`Retry` for a unit owed another attempt, ``True`` otherwise."""
+        ...
+
+    async def attempt(self, worker: WorkerT, unit: Any, index: int) -> Any:
+        """One attempt of ``unit``: its value, or it raises."""
+        ...
+
+
+async def serve_one(
+    run: Run[Any], attempts: Attempts, attempt_fn: AttemptFn[WorkerT], worker: WorkerT, wait_s: float
+) -> bool | Retry:
+    """Pull one unit and attempt it once (an executor's ``serve``, one unit at a time)."""
+    pulled = await run.pull()
+    if pulled is None:
+        return False
+    if pulled is not REFUSED:
+        unit, index = pulled
+        settled = await attempts.first(attempt_fn, worker, unit, index, wait_s)
+        if isinstance(settled, Retry):
+            return settled
+        run.finish(settled)
+    return True
+
+
+class Pacer(Protocol):
+    """What a worker does between two units."""
+
+    #: Whether a unit to be retried is handed to a worker of its own (else retried in place).
+    hands_off_retries: bool
+    #: ``None`` for no pause between units (the sliding window), else the pause.
+    between: Callable[[], Awaitable[None]] | None
+
+    def leave(self) -> None:
+        """A worker is done (the input ran out, or the run stopped)."""
+        ...
+
+
+class SlidingWindow:
+    """Start the next unit as soon as a slot is free."""
+
+    hands_off_retries: bool = True
+    between: Callable[[], Awaitable[None]] | None = None
+
+    def leave(self) -> None:
+        pass
+
+
+class Chunks:
+    """Each of a run's ``workers`` runs one unit, then all wait until the last of them has finished."""
+
+    hands_off_retries: bool = False
+
+    def __init__(self, workers: int) -> None:
+        self._parties = workers
+        self._arrived = 0
+        self._released = anyio.Event()
+        self.between: Callable[[], Awaitable[None]] | None = self._arrive
+
+    async def _arrive(self) -> None:
+        self._arrived += 1
+        if self._arrived >= self._parties:
+            self._release()
+        else:
+            await self._released.wait()
+
+    def leave(self) -> None:
+        self._parties -= 1
+        if self._arrived and self._arrived >= self._parties:
+            self._release()
+
+    def _release(self) -> None:
+        self._arrived = 0
+        released, self._released = self._released, anyio.Event()
+        released.set()
+
+
+class _Drive:
+    """One run's workers: what each does, and the workers that carry retries."""
+
+    def __init__(
+        self, run: Run[Any], executor: Executor[Any], attempts: Attempts, pacer: Pacer, limiter: Limiter
+    ) -> None:
+        self.run = run
+        self.executor = executor
+        self.attempts = attempts
+        self.pacer = pacer
+        self.limiter = limiter
+        self.team = executor.team(run)
+
+    async def work(self, worker: Any) -> None:
+        """A worker's life: take a slot, have units served, give it back, pace; until the input runs out."""
+        run, serve, pacer = self.run, self.executor.serve, self.pacer
+        slot, window, between = worker.slot, run.window, pacer.between
+        try:
+            while not run.stopping:
+                if window is not None:
+                    await window.acquire()
+                waited = perf_counter()
+                await slot.take()
+                try:
+                    served = await serve(run, worker, perf_counter() - waited)
+                    if served.__class__ is Retry:
+                        if pacer.hands_off_retries:
+                            run.recorder.attempt_paused()  # it gives up this worker's slot below
+                            carrier = self.executor.worker(Slot(self.limiter, run.priority))
+                            self.team.spawn(carrier, self._retrier(served))
+                        else:
+                            await self._retry(worker, served)
+                finally:
+                    slot.give()
+                if not served:
+                    if window is not None:
+                        window.release()
+                    return
+                if between is not None:
+                    await between()
+        finally:
+            pacer.leave()
+
+    def _retrier(self, retry: Retry) -> Body[Any]:
+        async def carry(worker: Any) -> None:
+            try:
+                await self._retry(worker, retry)
+            finally:
+                worker.slot.give()
+
+        return carry
+
+    async def _retry(self, worker: Any, retry: Retry) -> None:
+        run = self.run
+        run.finish(await self.attempts.rest(self.executor.attempt, worker, worker.slot, run.recorder, retry))
+
+
+async def drive(
+    run: Run[Any],
+    executor: Executor[WorkerT],
+    attempts: Attempts,
+    pacer: Pacer,
+    limiter: Limiter,
+    workers: int,
+    *,
+    loop_lag: LoopLag | None = None,
+) -> None:
+    """
+    Run every unit of ``run`` with ``workers`` workers, beside the loop-lag ticker.
+
+    The workers run in a child task, not in the caller's: cancelled together with the ticker when
+    the caller is — by a cancel scope, but also by a native ``Task.cancel()``,
+    ``asyncio.timeout()`` or Ctrl-C in ``run_sync()``, which reach only the caller's task — and
+    beyond the reach of a second native cancellation while they clean up.
+    """
+    state = _Drive(run, executor, attempts, pacer, limiter)
+    team = [executor.worker(Slot(limiter, run.priority)) for _ in range(workers)]
+    try:
+        async with anyio.create_task_group() as helpers:
+            if loop_lag is not None:
+                helpers.start_soon(loop_lag.tick_forever)
+
+            async def work() -> None:
+                try:
+                    await state.team.run(team, state.work)
+                finally:
+                    helpers.cancel_scope.cancel()
+
+            helpers.start_soon(work)
+    except BaseExceptionGroup as group:  # an unexpected error of our own: show it plainly
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

@@ -1,0 +1,220 @@
+"""
+One run — a batch, a stream or a submit — and where its outcomes go.
+
+A :class:`Run` owns everything a call shares between its workers: pulling units from the input
+(one index per unit, in pull order), checking each unit's kind, where outcomes go (a :class:`Sink`),
+when to stop starting units, and what to raise at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sized
+from typing import Any, Generic, Protocol, TypeVar
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+
+from .._errors import RunFailed, UnitMisuseError
+from .._outcome import Outcome, RunReport
+from .._stats import RunStats
+from .recorder import NullRecorder
+
+__all__ = ["REFUSED", "ListSink", "Run", "Sink", "StreamSink", "ValueSink"]
+
+
+#: What :meth:`Run.pull` returns for a unit that failed its check and was settled on the spot.
+REFUSED: Any = object()
+_END: Any = object()
+
+#: Checks a unit before it runs: ``None`` if it is fine, else what is wrong and how to fix it.
+UnitCheck = Callable[[object, int], "str | None"]
+
+
+class Sink(Protocol):
+    """Where a run's outcomes go."""
+
+    #: Whether :meth:`put` may be called from a worker thread.
+    thread_safe: bool
+
+    def put(self, outcome: Outcome[Any]) -> None: ...
+
+
+class ListSink:
+    """``run()``: every outcome, stored by index (from any thread)."""
+
+    thread_safe = True
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.outcomes: list[Outcome[Any]] = []
+
+    def put(self, outcome: Outcome[Any]) -> None:
+        index = outcome.index
+        with self._lock:
+            outcomes = self.outcomes
+            if index >= len(outcomes):
+                outcomes.extend([outcome] * (index + 1 - len(outcomes)))
+            outcomes[index] = outcome
+
+
+class ValueSink:
+    """``submit()``: the one outcome."""
+
+    thread_safe = True
+
+    def __init__(self) -> None:
+        self.outcome: Outcome[Any] | None = None
+
+    def put(self, outcome: Outcome[Any]) -> None:
+        self.outcome = outcome
+
+
+class StreamSink:
+    """``stream()``: outcomes to the consumer as they come (on the loop), failures kept for the end."""
+
+    thread_safe = False
+
+    def __init__(self, send: MemoryObjectSendStream[Outcome[Any]]) -> None:
+        self._send = send
+        self.failures: list[Outcome[Any]] = []
+
+    def put(self, outcome: Outcome[Any]) -> None:
+        if outcome.error is not None:
+            self.failures.append(outcome)
+        # The window keeps the buffer within its size; the consumer may have stopped listening.
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._send.send_nowait(outcome)
+
+
+SinkT = TypeVar("SinkT", bound=Sink)
+
+
+class Run(Generic[SinkT]):
+    """What one call shares between its workers; see the module docstring."""
+
+    def __init__(
+        self,
+        units: Iterable[Any] | AsyncIterable[Any],
+        sink: SinkT,
+        *,
+        check: UnitCheck,
+        stop_on_failure: bool,
+        recorder: NullRecorder,
+        priority: int = 0,
+        window: anyio.Semaphore | None = None,
+    ) -> None:
+        self.sink = sink
+        self._put = sink.put
+        self.recorder = recorder
+        self.priority = priority
+        #: For streams: pulled but not yet consumed, at most its value (O(limit) memory).
+        self.window = window
+        self._check = check
+        self._stop_on_failure = stop_on_failure
+        #: Start no more units (a failure with errors="raise", misuse, a failed input, cancellation).
+        self.stopping = False
+        self.misuse: UnitMisuseError | None = None
+        self.input_error: BaseException | None = None
+        self._next_index = 0
+        self._iterator: Iterator[Any] | None = None
+        self._async_iterator: AsyncIterator[Any] | None = None
+        self._pull_lock = threading.Lock()
+        self._async_pull_lock: anyio.Lock | None = None
+        if isinstance(units, AsyncIterable):
+            self._async_iterator = aiter(units)
+        else:
+            self._iterator = iter(units)
+        self.size = len(units) if isinstance(units, Sized) else math.inf
+
+    @property
+    def pulls_in_threads(self) -> bool:
+        """Whether a worker thread may pull and settle units itself (a lane)."""
+        return self._iterator is not None and self.window is None and self.sink.thread_safe
+
+    # -- pulling ------------------------------------------------------------------------------------
+
+    def pull_sync(self) -> tuple[Any, int] | Any:
+        """The next ``(unit, index)`` of a plain iterable, ``REFUSED``, or ``None`` at the end.
+
+        Any thread may call it.
+        """
+        with self._pull_lock:
+            if self.stopping:
+                return None
+            try:
+                unit = next(self._iterator, _END)  # type: ignore[arg-type]
+            except Exception as error:  # the caller's iterable failed: drain, then re-raise it
+                self.input_error, self.stopping = error, True
+                return None
+            if unit is _END:
+                return None
+            index = self._next_index
+            self._next_index = index + 1
+        return self._admit(unit, index)
+
+    async def pull(self) -> tuple[Any, int] | Any:
+        """As :meth:`pull_sync`, for any input (on the loop)."""
+        if self._iterator is not None:
+            return self.pull_sync()
+        if self._async_pull_lock is None:
+            self._async_pull_lock = anyio.Lock()
+        async with self._async_pull_lock:
+            if self.stopping:
+                return None
+            try:
+                unit = await anext(self._async_iterator, _END)  # type: ignore[arg-type]
+            except Exception as error:
+                self.input_error, self.stopping = error, True
+                return None
+            if unit is _END:
+                return None
+            index = self._next_index
+            self._next_index = index + 1
+        return self._admit(unit, index)
+
+    def _admit(self, unit: Any, index: int) -> tuple[Any, int] | Any:
+        """Count the unit as started, or settle it on the spot if it fails its check."""
+        self.recorder.unit_started()
+        message = self._check(unit, index)
+        if message is None:
+            return unit, index
+        self.finish(Outcome(index, None, UnitMisuseError(message), 0.0, 0.0, attempts=0))
+        return REFUSED
+
+    # -- outcomes ----------------------------------------------------------------------------------
+
+    def finish(self, outcome: Outcome[Any]) -> None:
+        """Record and deliver a unit's outcome; stop starting units if the run must stop (any thread)."""
+        self.recorder.unit_finished(outcome)
+        error = outcome.error
+        if error is not None and self._stop_on_failure:
+            if isinstance(error, UnitMisuseError) and self.misuse is None:
+                self.misuse = error
+            self.stopping = True
+        self._put(outcome)
+
+    def raise_for(self, report: RunReport[Any]) -> None:
+        """Raise what the run owes its caller: misuse, the input's own error, or :class:`RunFailed`."""
+        if self.misuse is not None:
+            raise self.misuse
+        if self.input_error is not None:
+            raise self.input_error
+        if not self._stop_on_failure:
+            return
+        failures = [o.error for o in report.outcomes if o.error is not None]
+        if failures:
+            first = next(o for o in report.outcomes if o.error is not None)
+            message = (
+                f"{len(failures)} of {report.stats.submitted} units failed "
+                f"(first: unit {first.index}: {type(first.error).__qualname__}); "
+                "the rest committed or were never started"
+            )
+            raise RunFailed(message, failures, report=report)
+
+    def report(self, outcomes: list[Outcome[Any]], stats: RunStats) -> RunReport[Any]:
+        report = RunReport(outcomes, stats)
+        self.raise_for(report)
+        return report

@@ -1,0 +1,109 @@
+"""
+What boundeddb needs to know of a database and its drivers; the answers for a database it does not know.
+
+Each module of this package describes one database with a :class:`Dialect` subclass named
+``DIALECT`` and the ``engine.dialect.name`` values it serves (``NAMES``). The defaults here assume
+nothing: no error is transient but a lost connection, statements cannot be stopped from another
+thread, and a thread's unit cannot be given a per-statement timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+
+__all__ = ["Dialect", "is_socket_error"]
+
+logger = logging.getLogger("boundeddb")
+
+
+def is_socket_error(error: BaseException | None) -> bool:
+    """
+    A refused, reset or aborted connection: :class:`ConnectionError`, or a bare :class:`OSError`
+    (asyncio's "Multiple exceptions" when every address refused). Not its other subclasses:
+    :class:`TimeoutError`, :class:`FileNotFoundError` and :class:`PermissionError` are OSErrors too.
+    """
+    return isinstance(error, ConnectionError) or type(error) is OSError
+
+
+class Dialect:
+    """The facts of one database (and its drivers) that the runners act on."""
+
+    #: ``engine.dialect.name``, for messages.
+    name = "default"
+
+    # -- what an error means -------------------------------------------------------------------
+
+    def is_connection_error(self, error: BaseException) -> bool:
+        """Whether ``error`` says the connection to the server was lost, refused or invalidated."""
+        if isinstance(error, sa_exc.DBAPIError):
+            if error.connection_invalidated:
+                return True
+            orig = error.orig
+            return orig is not None and self._is_lost(orig)
+        return is_socket_error(error)
+
+    def _is_lost(self, orig: BaseException) -> bool:
+        """Whether a driver's own exception says the connection is gone."""
+        return is_socket_error(orig) or is_socket_error(orig.__cause__)
+
+    def is_transient(self, error: BaseException) -> bool:
+        """Whether ``error`` is worth a retry in a fresh transaction (see :func:`boundeddb.is_transient`)."""
+        return self.is_connection_error(error)
+
+    def commit_fate_unknown(self, error: BaseException) -> bool:
+        """Whether ``error``, raised by COMMIT, leaves open whether the transaction committed."""
+        return self.is_connection_error(error) or isinstance(error, TimeoutError)
+
+    def note_lost_connection(self, error: BaseException, connection: Any) -> None:
+        """
+        Mark a driver error as a lost connection if the unit's own connection says it is closed.
+
+        SQLAlchemy recognises disconnects by their messages, and misses some (psycopg's
+        "sending query failed: ... another command is already in progress" after the backend was
+        terminated). The DBAPI connection's own state is the better witness: if it is closed, set
+        SQLAlchemy's ``connection_invalidated`` flag, so the error is retried as transient (or,
+        during COMMIT, reported as ``commit_unknown``) and the connection is discarded, not reused.
+        """
+        if not isinstance(error, sa_exc.DBAPIError) or error.connection_invalidated or connection is None:
+            return
+        sync_connection = getattr(connection, "sync_connection", connection)  # AsyncConnection
+        try:
+            dbapi = sync_connection.connection.dbapi_connection
+        except Exception:  # already invalidated or closed by SQLAlchemy
+            return
+        if self.driver_says_closed(dbapi):
+            error.connection_invalidated = True
+
+    def driver_says_closed(self, dbapi_connection: Any) -> bool:
+        """Whether the driver's own connection object reports itself closed."""
+        raw = getattr(dbapi_connection, "driver_connection", dbapi_connection)  # asyncpg's adapter
+        is_closed = getattr(raw, "is_closed", None)
+        return bool(is_closed() if callable(is_closed) else getattr(raw, "closed", False))
+
+    # -- stopping statements ------------------------------------------------------------------------
+
+    def statement_timeout_sql(self, timeout: float) -> str | None:
+        """SQL that makes the server stop any statement of this transaction after ``timeout`` s, if any."""
+        return None
+
+    def is_statement_timeout(self, error: BaseException) -> bool:
+        """Whether ``error`` is the server stopping a statement for :meth:`statement_timeout_sql`."""
+        return False
+
+    def cancel_statement(self, dbapi_connection: Any) -> None:
+        """Ask the server to stop the statement running on ``dbapi_connection`` (from another thread)."""
+        logger.debug("%s: no way to stop a statement from another thread", self.name)
+
+    def _call_cancel(self, dbapi_connection: Any, *methods: str) -> None:
+        """Call the first of ``methods`` the DBAPI connection has; the unit may have just finished."""
+        for method in methods:
+            cancel = getattr(dbapi_connection, method, None)
+            if cancel is not None:
+                try:
+                    cancel()
+                except Exception as error:
+                    logger.debug("cancelling a unit's statement failed: %s", type(error).__qualname__)
+                return

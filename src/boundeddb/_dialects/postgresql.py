@@ -1,0 +1,73 @@
+"""PostgreSQL (asyncpg, psycopg 3, psycopg2): SQLSTATEs, lost connections, statement_timeout, cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+
+from .base import Dialect
+
+__all__ = ["DIALECT", "NAMES", "PostgreSQL", "sqlstate"]
+
+NAMES = ("postgresql",)
+
+#: SQLSTATEs that mean "the same transaction may well succeed if run again".
+TRANSIENT_SQLSTATES = frozenset(
+    {
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+        "57P01",  # admin_shutdown (pg_terminate_backend, a fast shutdown)
+        "57P02",  # crash_shutdown
+        "57P03",  # cannot_connect_now (the server is starting up or shutting down)
+    }
+)
+#: SQLSTATEs of a backend that is going away: the connection is lost.
+_SHUTDOWN_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+#: SQLSTATE class 08: connection exceptions.
+_CONNECTION_EXCEPTION_CLASS = "08"
+#: query_canceled: PostgreSQL's answer to statement_timeout (and to a cancel request).
+QUERY_CANCELED = "57014"
+
+
+def sqlstate(error: BaseException | None) -> str | None:
+    """The SQLSTATE of a driver error, whichever driver raised it (psycopg2, psycopg, asyncpg)."""
+    if error is None:
+        return None
+    for candidate in (error, error.__cause__):
+        if candidate is None:
+            continue
+        for attribute in ("sqlstate", "pgcode"):
+            code = getattr(candidate, attribute, None)
+            if isinstance(code, str):
+                return code
+    return None
+
+
+class PostgreSQL(Dialect):
+    name = "postgresql"
+
+    def _is_lost(self, orig: BaseException) -> bool:
+        code = sqlstate(orig)
+        if code is not None:
+            return code.startswith(_CONNECTION_EXCEPTION_CLASS) or code in _SHUTDOWN_SQLSTATES
+        return super()._is_lost(orig)
+
+    def is_transient(self, error: BaseException) -> bool:
+        if self.is_connection_error(error):
+            return True
+        return isinstance(error, sa_exc.DBAPIError) and sqlstate(error.orig) in TRANSIENT_SQLSTATES
+
+    def statement_timeout_sql(self, timeout: float) -> str:
+        milliseconds = max(1, round(timeout * 1000))
+        return f"SET LOCAL statement_timeout = {milliseconds}"
+
+    def is_statement_timeout(self, error: BaseException) -> bool:
+        return isinstance(error, sa_exc.DBAPIError) and sqlstate(error.orig) == QUERY_CANCELED
+
+    def cancel_statement(self, dbapi_connection: Any) -> None:
+        # psycopg 3.2+ has cancel_safe(); psycopg 3 before it and psycopg2 have cancel().
+        self._call_cancel(dbapi_connection, "cancel_safe", "cancel")
+
+
+DIALECT = PostgreSQL()

@@ -1,0 +1,249 @@
+"""
+Async units on AsyncSession: each worker is a native asyncio task that runs its units inline.
+
+A worker is cancelled exactly once, by plain ``Task.cancel()``: anyio cancels level-triggered and
+would cancel SQLAlchemy's own clean-up of an interrupted statement again and again, so that asyncpg
+aborts the socket before its cancel request reaches the server and the statement runs on there.
+One plain cancellation lets SQLAlchemy and asyncpg stop the statement on the server and close the
+connection properly. And it is never sent at the wrong moment — each worker knows where it is:
+
+- opening a new DBAPI connection: deferred until it is open (at most :data:`OPENING_GRACE_S`),
+  because a driver's connect cancelled half-way can leave a future whose error nobody retrieves;
+- committing: a cancelled run lets the COMMIT finish (its outcome is then known); a unit's own
+  timeout does interrupt it (the outcome is then ``commit_unknown``);
+- closing the session: never interrupted, so the connection is rolled back and returned.
+
+A deferred cancellation takes effect at the next step: a unit that has not committed is rolled back,
+whatever it does after the cancellation (a unit that swallows ``CancelledError`` included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from .._core.attempts import Attempts, CommitUnknown, Retry
+from .._core.limiter import Slot
+from .._core.pacing import Body, Worker, serve_one
+from .._core.run import Run
+from .._dialects import Dialect
+from .._errors import UnitTimeout
+from .pool import OPENING, watch_connects
+from .script import attempt_async
+
+__all__ = ["AsyncSessionExecutor", "AsyncWorker"]
+
+#: How long a cancellation waits for a connection that is being opened, at most (seconds).
+OPENING_GRACE_S = 5.0
+
+_IDLE, _CONNECTING, _RUNNING, _COMMITTING, _CLOSING = range(5)
+
+
+class AsyncWorker(Worker):
+    """A worker task and the guard of its attempts (see the module docstring)."""
+
+    __slots__ = (
+        "_grace",
+        "_index",
+        "_timeout",
+        "_timer",
+        "cancel_pending",
+        "opening",
+        "phase",
+        "stop_requested",
+        "task",
+        "timed_out",
+    )
+
+    def __init__(self, slot: Slot, timeout: float | None) -> None:
+        super().__init__(slot)
+        self._timeout = timeout
+        self.task: asyncio.Task[None] | None = None
+        self.phase = _IDLE
+        self.opening = False
+        self.stop_requested = False
+        self.cancel_pending = False
+        self.timed_out = False
+        self._index = -1
+        self._timer: asyncio.TimerHandle | None = None
+        self._grace: asyncio.TimerHandle | None = None
+
+    # -- the coordinator's side -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """The run is cancelled: interrupt the worker now, or at its next step if now is a bad moment."""
+        self.stop_requested = True
+        if self.phase in (_IDLE, _RUNNING):
+            self._interrupt()
+        elif self.phase == _CONNECTING:
+            self._interrupt_unless_opening()
+
+    def on_opening(self) -> None:
+        """Called (through :data:`~boundeddb._executors.pool.OPENING`) as the task opens a connection."""
+        self.opening = True
+
+    def _on_deadline(self) -> None:
+        self._timer = None
+        self.timed_out = True
+        if self.phase in (_RUNNING, _COMMITTING):
+            self._interrupt()
+        elif self.phase == _CONNECTING:
+            self._interrupt_unless_opening()
+
+    def _interrupt_unless_opening(self) -> None:
+        if not self.opening:
+            self._interrupt()
+        elif self._grace is None:
+            assert self.task is not None
+            self._grace = self.task.get_loop().call_later(OPENING_GRACE_S, self._interrupt)
+
+    def _interrupt(self) -> None:
+        if not self.cancel_pending and self.task is not None:
+            self.cancel_pending = True
+            self.task.cancel()
+
+    def _consume_cancel(self) -> None:
+        """Our own cancellation was seen (or swallowed by the unit): take it back."""
+        if self.cancel_pending:
+            self.cancel_pending = False
+            uncancel = getattr(self.task, "uncancel", None)  # Python 3.11+
+            if uncancel is not None:
+                uncancel()
+
+    # -- the guard of an attempt (see script.attempt_async) --------------------------------------------
+
+    def connecting(self, index: int) -> None:
+        self._index = index
+        self.phase = _CONNECTING
+        self.opening = False
+        self.timed_out = False
+        if self._timeout is not None:
+            assert self.task is not None
+            self._timer = self.task.get_loop().call_later(self._timeout, self._on_deadline)
+
+    def running(self) -> None:
+        self._checkpoint()
+        self.phase = _RUNNING
+
+    def committing(self) -> None:
+        self._checkpoint()
+        self.phase = _COMMITTING
+
+    def _checkpoint(self) -> None:
+        """Where a deferred cancellation or a deadline that passed takes effect."""
+        self.opening = False
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+        if self.stop_requested:
+            raise asyncio.CancelledError
+        if self.timed_out:  # the unit swallowed our cancellation, or its connection opened too late
+            self._consume_cancel()
+            raise self._timeout_error()
+
+    def interrupted(self, error: BaseException) -> Exception | None:
+        """What the attempt failed with, if it failed because its own deadline passed."""
+        if not self.timed_out or self.stop_requested or isinstance(error, UnitTimeout):
+            return None
+        self._consume_cancel()
+        return self._timeout_error()
+
+    def _timeout_error(self) -> Exception:
+        assert self._timeout is not None
+        timeout = UnitTimeout(self._index, self._timeout)
+        return CommitUnknown(timeout) if self.phase == _COMMITTING else timeout
+
+    def closing(self) -> None:
+        self.phase = _CLOSING
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
+    def closed(self) -> None:
+        self.phase = _IDLE
+        if self.stop_requested:  # deferred while closing: take effect at the next await
+            self._interrupt()
+
+
+class AsyncSessionExecutor:
+    """Runs ``async def unit(session: AsyncSession)`` inline in native asyncio worker tasks."""
+
+    def __init__(
+        self,
+        sessions: Callable[[], AsyncSession],
+        *,
+        engine: Engine,
+        dialect: Dialect,
+        attempts: Attempts,
+        timeout: float | None,
+        runner: str,
+    ) -> None:
+        watch_connects(engine)
+        self._attempts = attempts
+        self._timeout = timeout
+        self.attempt = functools.partial(attempt_async, sessions, dialect, runner)
+
+    def check(self, unit: object, index: int) -> str | None:
+        if callable(unit):
+            return None
+        return (
+            f"unit {index} is {unit!r}, which is not callable: pass a function that takes "
+            "the session, e.g. async def unit(session): ..."
+        )
+
+    def worker(self, slot: Slot) -> AsyncWorker:
+        return AsyncWorker(slot, self._timeout)
+
+    def team(self, run: Run[Any]) -> NativeTeam:
+        return NativeTeam(run)
+
+    async def serve(self, run: Run[Any], worker: AsyncWorker, wait_s: float) -> bool | Retry:
+        return await serve_one(run, self._attempts, self.attempt, worker, wait_s)
+
+
+class NativeTeam:
+    """Worker tasks of one run, outside anyio's cancel scopes: each is stopped exactly once, by us."""
+
+    def __init__(self, run: Run[Any]) -> None:
+        self._run = run
+        self._workers: list[AsyncWorker] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._cancelled = False
+
+    def spawn(self, worker: AsyncWorker, body: Body[AsyncWorker]) -> None:
+        if self._cancelled:
+            return  # the run is cancelled: a unit owed a retry is dropped with it
+        worker.task = asyncio.get_running_loop().create_task(_in_own_task(worker, body))
+        self._workers.append(worker)
+        self._tasks.add(worker.task)
+
+    async def run(self, workers: list[AsyncWorker], body: Body[AsyncWorker]) -> None:
+        for worker in workers:
+            self.spawn(worker, body)
+        try:
+            while pending := {task for task in self._tasks if not task.done()}:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    if not task.cancelled() and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]  # a bug of ours: stop the rest
+        except BaseException:
+            self._cancelled = self._run.stopping = True
+            for worker in self._workers:
+                worker.stop()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait(self._tasks)
+            raise
+
+
+async def _in_own_task(worker: AsyncWorker, body: Body[AsyncWorker]) -> None:
+    OPENING.set(worker.on_opening)  # this task's context only
+    await body(worker)

@@ -1,0 +1,102 @@
+"""
+What the runners watch on an engine: connections checked out of its pool, and connections being opened.
+
+- :func:`watch_pool`: the peak number of connections checked out during a run (``RunStats``),
+  counted through the pool's ``checkout``/``checkin`` events, from any thread.
+- :func:`watch_connects`: tells the worker whose task is opening a new DBAPI connection that it is,
+  through :data:`OPENING` (a context variable the worker sets in its own task). A driver's connect
+  cancelled half-way can leave futures behind whose errors nobody retrieves (asyncpg's TLS probe,
+  MagicStack/asyncpg#1211): workers defer a cancellation while they open a connection.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.pool import Pool, QueuePool
+
+__all__ = ["OPENING", "Watch", "watch_connects", "watch_pool"]
+
+#: In a worker's task: what to call when that task starts opening a DBAPI connection.
+OPENING: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "boundeddb_opening", default=None
+)
+
+
+class _PoolGauge:
+    """Counts connections checked out of one pool, through its events, for any thread."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._lock = threading.Lock()
+        self.current = pool.checkedout() if isinstance(pool, QueuePool) else 0
+        self._watches: set[Watch] = set()
+        event.listen(pool, "checkout", self._on_checkout)
+        event.listen(pool, "checkin", self._on_checkin)
+
+    def _on_checkout(self, *_: Any) -> None:
+        with self._lock:
+            self.current += 1
+            for watch in self._watches:
+                if self.current > watch.peak:
+                    watch.peak = self.current
+
+    def _on_checkin(self, *_: Any) -> None:
+        with self._lock:
+            self.current = max(0, self.current - 1)
+
+    def watch(self) -> Watch:
+        with self._lock:
+            watch = Watch(self, self.current)
+            self._watches.add(watch)
+            return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        with self._lock:
+            self._watches.discard(watch)
+
+
+class Watch:
+    """One run's view of a pool gauge: the peak since the run began (a ``ConnectionWatch``)."""
+
+    __slots__ = ("__weakref__", "gauge", "peak")
+
+    def __init__(self, gauge: _PoolGauge, peak: int) -> None:
+        self.gauge = gauge
+        self.peak = peak
+
+    def close(self) -> None:
+        self.gauge.unwatch(self)
+
+
+_gauges: weakref.WeakKeyDictionary[Pool, _PoolGauge] = weakref.WeakKeyDictionary()
+_connects: weakref.WeakSet[Engine] = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def watch_pool(pool: Pool) -> Watch:
+    """Start recording the peak number of connections checked out of ``pool``."""
+    with _lock:
+        gauge = _gauges.get(pool)
+        if gauge is None:
+            gauge = _gauges[pool] = _PoolGauge(pool)
+    return gauge.watch()
+
+
+def _on_do_connect(*_: Any) -> None:
+    opening = OPENING.get()
+    if opening is not None:
+        opening()
+
+
+def watch_connects(engine: Engine) -> None:
+    """Make ``engine`` call the current task's :data:`OPENING` hook when it opens a connection."""
+    with _lock:
+        if engine not in _connects:
+            event.listen(engine, "do_connect", _on_do_connect)
+            _connects.add(engine)

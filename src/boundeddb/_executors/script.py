@@ -1,0 +1,227 @@
+"""
+The transaction script of one attempt, as async and sync twins side by side (as httpx does).
+
+Open a session and begin its transaction; take a connection before the unit runs (a failure here
+means nothing was sent: safe to retry); run the unit; check that it left the runner's transaction
+alone; commit; always close (roll back whatever is open, return the connection, or discard it).
+
+A *guard* is told each step, and is where cancellation is decided: it may refuse to go on (a
+cancelled run, a unit past its deadline) at ``running`` and ``committing``, and lets nothing
+interrupt opening a connection, committing (for a cancelled run) or closing. The async guard is
+the worker task itself (``async_session.AsyncWorker``), the sync one a thread's handle
+(``threads.Handle``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any, Protocol
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from .._core.attempts import CommitUnknown, ConnectFailed, UnitMisuse
+from .._dialects import Dialect
+from .._errors import UnitTimeout
+
+__all__ = ["AsyncGuard", "SyncGuard", "attempt_async", "attempt_sync"]
+
+logger = logging.getLogger("boundeddb")
+
+
+class AsyncGuard(Protocol):
+    def connecting(self, index: int) -> None: ...
+    def running(self) -> None: ...
+    def committing(self) -> None: ...
+    def interrupted(self, error: BaseException) -> Exception | None: ...
+    def closing(self) -> None: ...
+    def closed(self) -> None: ...
+
+
+class SyncGuard(Protocol):
+    cancelled: bool
+
+    def connecting(self) -> None: ...
+    def running(self, dbapi_connection: Any) -> None: ...
+    def committing(self) -> None: ...
+    def closing(self) -> None: ...
+    def closed(self) -> None: ...
+
+
+def ended_transaction_message(index: int) -> str:
+    return (
+        f"unit {index} ended the runner's transaction itself (it called session.commit(), "
+        "rollback() or close()): whatever it committed stays committed and the rest was rolled "
+        "back. The runner owns the transaction and commits when the unit returns: remove the call "
+        "(use session.flush() to send changes early)"
+    )
+
+
+# -- async: AsyncSession, in the worker's own task ------------------------------------------------------
+
+
+async def attempt_async(
+    sessions: Callable[[], AsyncSession],
+    dialect: Dialect,
+    runner: str,
+    guard: AsyncGuard,
+    unit: Any,
+    index: int,
+) -> Any:
+    """Run ``unit`` once in a new AsyncSession and transaction; its value, or it raises."""
+    session = sessions()
+    connection: AsyncConnection | None = None
+    try:
+        transaction = session.sync_session.begin()
+        guard.connecting(index)
+        try:
+            connection = await session.connection()
+        except Exception as error:
+            raise ConnectFailed(error) from None
+        guard.running()
+        result = unit(session)
+        if not inspect.isawaitable(result):
+            msg = (
+                f"unit {index} returned {type(result).__name__}, not an awaitable: "
+                f"{runner} runs `async def unit(session: AsyncSession)`; "
+                "run plain functions with ThreadOffloadRunner"
+            )
+            raise UnitMisuse(msg)
+        try:
+            value = await result
+        except Exception as error:
+            dialect.note_lost_connection(error, connection)
+            raise
+        if session.sync_session.get_transaction() is not transaction:
+            raise UnitMisuse(ended_transaction_message(index))
+        guard.committing()
+        try:
+            await session.commit()
+        except Exception as error:
+            dialect.note_lost_connection(error, connection)
+            # A failed COMMIT can leave the transaction open on the connection: discard it.
+            await invalidate_async(connection)
+            if dialect.commit_fate_unknown(error):
+                raise CommitUnknown(error) from None
+            raise
+        return value
+    except BaseException as error:
+        replacement = guard.interrupted(error)
+        if replacement is None:
+            raise
+        raise replacement from (error if isinstance(error, Exception) else None)
+    finally:
+        guard.closing()
+        try:
+            await close_async(session, connection)
+        finally:
+            guard.closed()
+
+
+async def close_async(session: AsyncSession, connection: AsyncConnection | None) -> None:
+    """Roll back whatever is open and return the connection; invalidate it if that fails."""
+    try:
+        await session.close()
+    except Exception as error:
+        logger.warning(_CLOSE_FAILED, type(error).__qualname__)
+        await invalidate_async(connection)
+
+
+async def invalidate_async(connection: AsyncConnection | None) -> None:
+    """Discard ``connection`` from the pool (SQLAlchemy closes it): not leaked, not reused mid-transaction."""
+    if connection is None:
+        return
+    try:
+        await connection.invalidate()
+    except Exception as error:  # already closed or gone: nothing left to return
+        logger.debug(_INVALIDATE_FAILED, type(error).__qualname__)
+
+
+# -- sync: Session, in a worker thread ------------------------------------------------------------------
+
+
+def attempt_sync(
+    sessions: Callable[[], Session],
+    dialect: Dialect,
+    timeout: float | None,
+    guard: SyncGuard,
+    unit: Any,
+    index: int,
+) -> Any:
+    """Run ``unit`` once in a new Session and transaction, in this thread; its value, or it raises."""
+    session = sessions()
+    connection: Connection | None = None
+    try:
+        transaction = session.begin()
+        guard.connecting()
+        try:
+            connection = session.connection()
+        except Exception as error:
+            raise ConnectFailed(error) from None
+        if timeout is not None and (statement_timeout := dialect.statement_timeout_sql(timeout)):
+            connection.exec_driver_sql(statement_timeout)
+        guard.running(connection.connection.dbapi_connection)
+        started = perf_counter()
+        try:
+            value = unit(session)
+        except Exception as error:
+            dialect.note_lost_connection(error, connection)
+            if timeout is not None and not guard.cancelled and dialect.is_statement_timeout(error):
+                raise UnitTimeout(index, timeout) from error
+            raise
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()
+            msg = (
+                f"unit {index} returned an awaitable: ThreadOffloadRunner runs plain "
+                "`def unit(session: Session)`; run async units with SemaphoreRunner"
+            )
+            raise UnitMisuse(msg)
+        if session.get_transaction() is not transaction:
+            raise UnitMisuse(ended_transaction_message(index))
+        if timeout is not None and perf_counter() - started > timeout:
+            raise UnitTimeout(index, timeout)
+        guard.committing()
+        try:
+            session.commit()
+        except Exception as error:
+            dialect.note_lost_connection(error, connection)
+            # A failed COMMIT can leave the transaction open on the connection: discard it.
+            invalidate_sync(connection)
+            if dialect.commit_fate_unknown(error):
+                raise CommitUnknown(error) from None
+            raise
+        return value
+    finally:
+        guard.closing()
+        try:
+            close_sync(session, connection)
+        finally:
+            guard.closed()
+
+
+def close_sync(session: Session, connection: Connection | None) -> None:
+    """Roll back whatever is open and return the connection; invalidate it if that fails."""
+    try:
+        session.close()
+    except Exception as error:
+        logger.warning(_CLOSE_FAILED, type(error).__qualname__)
+        invalidate_sync(connection)
+
+
+def invalidate_sync(connection: Connection | None) -> None:
+    """Discard ``connection`` from the pool: neither leaked nor returned mid-transaction."""
+    if connection is None:
+        return
+    try:
+        connection.invalidate()
+    except Exception as error:  # already closed or gone: nothing left to return
+        logger.debug(_INVALIDATE_FAILED, type(error).__qualname__)
+
+
+_CLOSE_FAILED = "closing a unit's session failed (%s); invalidating its connection"
+_INVALIDATE_FAILED = "invalidating a connection failed: %s"

@@ -1,0 +1,276 @@
+"""
+Sync units on Session, in worker threads, under the runner's limiter.
+
+A worker holds a slot on the event loop and has units run in a thread. For a plain iterable in a
+batch or a submit, the thread is a *lane*: it pulls, runs and settles units itself, one after the
+other, as a ``ThreadPoolExecutor.map`` worker would, so the event loop is not a hop every unit
+waits for. A lane ends when the input runs out, when the run stops, when someone else waits for
+one of the runner's slots (it gives its slot back, so sharing the limit stays fair), or when a unit
+is to be retried (the retry backs off on the loop, without a slot). Streams and async inputs run
+one unit per trip to a thread.
+
+Nothing here touches an anyio primitive from a worker thread: a lane reads the limiter's figures
+(thread-safe) and the run's flags, and delivers outcomes to a thread-safe sink.
+
+A thread cannot be interrupted. When the run is cancelled, each worker's :class:`Handle` is
+cancelled: the statement running in it is stopped on the server (the dialect's way: psycopg's
+``cancel()``, SQLite's ``interrupt()``), and the unit is not committed whatever it does next —
+unless its COMMIT had already begun, which is left to finish. The cancellation propagates once
+every thread is done and every connection is back.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Awaitable, Callable
+from time import perf_counter
+from typing import Any, NoReturn
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import anyio.to_thread
+from sqlalchemy.orm import Session
+
+from .._core.attempts import Attempts, Retry
+from .._core.limiter import Limiter, Slot
+from .._core.pacing import Body, Worker, serve_one
+from .._core.run import REFUSED, Run
+from .._dialects import Dialect
+from .._outcome import Outcome
+from .script import attempt_sync
+
+__all__ = ["Handle", "ThreadExecutor", "ThreadWorker"]
+
+_IDLE, _CONNECTING, _RUNNING, _COMMITTING = range(4)
+
+
+class Stopped(BaseException):
+    """The run was cancelled: the attempt stops here and rolls back (never reaches a unit's caller)."""
+
+
+#: What a thread returns instead of a value when its attempt was stopped.
+_STOPPED: Any = object()
+
+
+class Handle:
+    """The guard of one worker's attempts in threads, and how a cancellation reaches them."""
+
+    __slots__ = ("_dbapi", "_dialect", "_lock", "_state", "cancelled")
+
+    def __init__(self, dialect: Dialect) -> None:
+        self._dialect = dialect
+        self._lock = threading.Lock()
+        self._state = _IDLE
+        self._dbapi: Any = None
+        self.cancelled = False
+
+    # -- the guard (in the worker thread) ------------------------------------------------------------
+
+    def connecting(self) -> None:
+        with self._lock:
+            if self.cancelled:
+                raise Stopped
+            self._state = _CONNECTING
+
+    def running(self, dbapi_connection: Any) -> None:
+        with self._lock:
+            if self.cancelled:
+                raise Stopped
+            self._state, self._dbapi = _RUNNING, dbapi_connection
+
+    def committing(self) -> None:
+        with self._lock:
+            if self.cancelled:  # cancelled while the unit ran: whatever it did after, roll back
+                raise Stopped
+            self._state, self._dbapi = _COMMITTING, None  # from here on a COMMIT is not interrupted
+
+    def closing(self) -> None:
+        with self._lock:
+            self._state, self._dbapi = _IDLE, None
+
+    def closed(self) -> None:
+        pass
+
+    # -- the run's cancellation (on the event loop) --------------------------------------------------
+
+    def cancel(self) -> Any:
+        """Mark the handle cancelled; the DBAPI connection whose statement must be stopped, if any."""
+        with self._lock:
+            self.cancelled = True
+            return self._dbapi if self._state == _RUNNING else None
+
+
+class ThreadWorker(Worker):
+    __slots__ = ("handle",)
+
+    def __init__(self, slot: Slot, handle: Handle) -> None:
+        super().__init__(slot)
+        self.handle = handle
+
+
+_EXHAUSTED: Any = object()
+_YIELDED: Any = object()
+
+
+class ThreadExecutor:
+    """Runs ``def unit(session: Session)`` in worker threads."""
+
+    def __init__(
+        self,
+        sessions: Callable[[], Session],
+        *,
+        dialect: Dialect,
+        attempts: Attempts,
+        limiter: Limiter,
+        timeout: float | None,
+        max_threads: int,
+    ) -> None:
+        self._dialect = dialect
+        self._attempts = attempts
+        self._limiter = limiter
+        self._script = functools.partial(attempt_sync, sessions, dialect, timeout)
+        self._max_threads = max_threads
+        self._threads: tuple[object, anyio.CapacityLimiter] | None = None
+
+    def check(self, unit: object, index: int) -> str | None:
+        if not callable(unit):
+            return (
+                f"unit {index} is {unit!r}, which is not callable: pass a function that takes "
+                "the session, e.g. def unit(session): ..."
+            )
+        fn = getattr(unit, "fn", unit)  # map()'s units keep their function visible
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004
+            return (
+                f"unit {index} is an async function: ThreadOffloadRunner runs plain "
+                "`def unit(session: Session)` in worker threads; run async units with SemaphoreRunner"
+            )
+        return None
+
+    def worker(self, slot: Slot) -> ThreadWorker:
+        return ThreadWorker(slot, Handle(self._dialect))
+
+    def _thread_limiter(self) -> anyio.CapacityLimiter:
+        """The runner's own CapacityLimiter on this event loop (not anyio's default of 40)."""
+        token = anyio.lowlevel.current_token()
+        if self._threads is None or self._threads[0] != token:
+            self._threads = (token, anyio.CapacityLimiter(self._max_threads))
+        return self._threads[1]
+
+    # -- serving units ---------------------------------------------------------------------------
+
+    def team(self, run: Run[Any]) -> ThreadTeam:
+        return ThreadTeam(run, self._dialect)
+
+    async def serve(self, run: Run[Any], worker: ThreadWorker, wait_s: float) -> bool | Retry:
+        if not run.pulls_in_threads:
+            return await serve_one(run, self._attempts, self.attempt, worker, wait_s)
+        lane = await anyio.to_thread.run_sync(
+            self._lane, run, worker.handle, wait_s, limiter=self._thread_limiter()
+        )
+        if lane is _STOPPED:
+            await _cancelled()
+        return lane if lane.__class__ is Retry else lane is _YIELDED
+
+    async def attempt(self, worker: ThreadWorker, unit: Any, index: int) -> Any:
+        value = await anyio.to_thread.run_sync(
+            self._in_thread, worker.handle, unit, index, limiter=self._thread_limiter()
+        )
+        if value is _STOPPED:
+            await _cancelled()
+        return value
+
+    def _in_thread(self, handle: Handle, unit: Any, index: int) -> Any:
+        try:
+            return self._script(handle, unit, index)
+        except Stopped:
+            return _STOPPED
+
+    def _lane(self, run: Run[Any], handle: Handle, wait_s: float) -> Any:
+        """Pull, run and settle units in this thread until the lane is to end (see the module docstring)."""
+        script, settle, finish = self._script, self._attempts.settle, run.finish
+        should_yield = self._limiter.should_yield
+        while True:
+            pulled = run.pull_sync()
+            if pulled is None:
+                return _EXHAUSTED
+            if pulled is not REFUSED:
+                unit, index = pulled
+                started = perf_counter()
+                try:
+                    value = script(handle, unit, index)
+                except Stopped:
+                    return _STOPPED
+                except Exception as error:
+                    settled = settle(error, index, 1, perf_counter() - started, wait_s)
+                    if not isinstance(settled, Outcome):
+                        return Retry(unit, index, 2, settled, wait_s)
+                    finish(settled)
+                else:
+                    finish(Outcome(index, value, None, perf_counter() - started, wait_s))
+                wait_s = 0.0
+            if run.stopping:
+                return _EXHAUSTED
+            if should_yield():
+                return _YIELDED  # someone else waits for one of the runner's slots: give ours up
+
+
+class ThreadTeam:
+    """Worker tasks of one run in an anyio task group; a cancellation cancels their statements."""
+
+    def __init__(self, run: Run[Any], dialect: Dialect) -> None:
+        self._run = run
+        self._dialect = dialect
+        self._workers: list[ThreadWorker] = []
+        self._group: anyio.abc.TaskGroup | None = None
+        self._finished = False
+
+    def spawn(self, worker: ThreadWorker, body: Body[ThreadWorker]) -> None:
+        assert self._group is not None
+        self._workers.append(worker)
+        self._group.start_soon(body, worker)  # once cancelled, it stops at its first checkpoint
+
+    async def run(self, workers: list[ThreadWorker], body: Body[ThreadWorker]) -> None:
+        async with anyio.create_task_group() as helpers:
+
+            async def all_workers() -> None:
+                try:
+                    async with anyio.create_task_group() as self._group:
+                        for worker in workers:
+                            self.spawn(worker, body)
+                    self._finished = True
+                finally:
+                    helpers.cancel_scope.cancel()
+
+            helpers.start_soon(_when_cancelled, self._cancel_statements, lambda: self._finished)
+            helpers.start_soon(all_workers)
+
+    async def _cancel_statements(self) -> None:
+        self._run.stopping = True
+        busy = [dbapi for worker in self._workers if (dbapi := worker.handle.cancel()) is not None]
+        if busy:
+            await anyio.to_thread.run_sync(_cancel_all, self._dialect, busy)
+
+
+def _cancel_all(dialect: Dialect, dbapi_connections: list[Any]) -> None:
+    for dbapi_connection in dbapi_connections:
+        dialect.cancel_statement(dbapi_connection)
+
+
+async def _when_cancelled(callback: Callable[[], Awaitable[None]], finished: Callable[[], bool]) -> NoReturn:
+    """Sleep until cancelled; then, unless the work had finished, run ``callback`` (shielded)."""
+    try:
+        await anyio.sleep_forever()
+    finally:
+        if not finished():
+            with anyio.CancelScope(shield=True):
+                await callback()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _cancelled() -> NoReturn:
+    """A thread was stopped by the run's cancellation: let that cancellation through."""
+    await anyio.lowlevel.checkpoint()
+    raise AssertionError("a unit was stopped, yet its run was not cancelled")  # pragma: no cover
