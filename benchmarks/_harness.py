@@ -118,7 +118,7 @@ class Context:
     sweep_n: int
     memory_units: int
     loop_lag_requests: int
-    overhead_rounds: int = 3
+    overhead_rounds: int = 5
     progress: Progress | None = None
     index: bool = False
     results: list[Measurement] = field(default_factory=list)

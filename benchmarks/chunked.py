@@ -16,28 +16,31 @@ from boundeddb import ChunkedRunner
 
 from ._harness import Context, Probe
 from ._library import record
-from ._workload import async_unit
+from ._workload import Op, async_unit
 
 CHUNK = 40
 
 
 def run(ctx: Context) -> None:
-    asyncio.run(_main(ctx))
+    asyncio.run(measure(ctx, CHUNK, ctx.ops, label=f"chunked-{CHUNK}"))
 
 
-async def _main(ctx: Context) -> None:
+async def measure(
+    ctx: Context, chunk: int, ops: list[Op], *, group: str = "main", label: str | None = None
+) -> None:
+    """Run ``ops`` through a ChunkedRunner of ``chunk_size=chunk`` on fresh tables (pool_size=chunk)."""
     ctx.reset()
-    app = ctx.app_name("chunked")
-    engine = ctx.db.async_engine(app, pool_size=CHUNK)
+    label = label or f"chunked-{chunk}"
+    app = ctx.app_name(label)
+    engine = ctx.db.async_engine(app, pool_size=chunk)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": "asyncpg", "chunk_size": CHUNK, "pool_size": CHUNK, "max_overflow": 0}
-    label = f"chunked-{CHUNK}"
+    config = {"driver": "asyncpg", "chunk_size": chunk, "pool_size": chunk, "max_overflow": 0}
     try:
         async with (
-            ChunkedRunner(sessions, chunk_size=CHUNK, errors="collect") as runner,
-            Probe(ctx, "chunked", label, total=len(ctx.ops), app_name=app, config=config) as p,
+            ChunkedRunner(sessions, chunk_size=chunk, errors="collect") as runner,
+            Probe(ctx, "chunked", label, total=len(ops), app_name=app, group=group, config=config) as p,
         ):
-            units = [async_unit(op, p.tick) for op in ctx.ops]
+            units = [async_unit(op, p.tick) for op in ops]
             record(p, await runner.run(units))
     finally:
         await engine.dispose()

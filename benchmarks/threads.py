@@ -4,14 +4,17 @@
 Mike Bayer's "Asynchronous Python and Databases" (seed 003) argues that CRUD code belongs behind
 a thread pool: the ORM's Python work dominates and threads on a blocking driver beat asyncio.
 The runner is awaited from an event loop and runs sync units in L worker threads, each with its
-own Session, on psycopg (3) and, as a second row, on psycopg2.
+own Session, on psycopg (3) and, as a second row, on psycopg2.  :func:`measure_sync` calls
+``run_sync`` from plain sync code instead (no event loop of the caller's), for the ``overhead``
+scenario.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from boundeddb import ThreadOffloadRunner
 
@@ -28,6 +31,19 @@ def run_psycopg2(ctx: Context) -> None:
     asyncio.run(measure(ctx, ctx.limit, ctx.ops, driver="psycopg2"))
 
 
+def _setup(
+    ctx: Context, limit: int, driver: str, label: str | None, default: str
+) -> tuple[str, str, str, Any, sessionmaker[Session], dict[str, Any]]:
+    ctx.reset()
+    scenario = "threads" if driver == "psycopg" else f"threads-{driver}"
+    label = label or f"{scenario}{default} (L={limit})"
+    app = ctx.app_name(label)
+    engine = ctx.db.sync_engine(app, pool_size=limit, driver=driver)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    config = {"driver": driver, "limit": limit, "pool_size": limit, "max_overflow": 0}
+    return scenario, label, app, engine, sessions, config
+
+
 async def measure(
     ctx: Context,
     limit: int,
@@ -37,14 +53,8 @@ async def measure(
     group: str = "main",
     label: str | None = None,
 ) -> None:
-    """Run ``ops`` through a ThreadOffloadRunner of ``limit`` threads on fresh tables."""
-    ctx.reset()
-    scenario = "threads" if driver == "psycopg" else f"threads-{driver}"
-    label = label or f"{scenario} (L={limit})"
-    app = ctx.app_name(label)
-    engine = ctx.db.sync_engine(app, pool_size=limit, driver=driver)
-    sessions = sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": driver, "limit": limit, "pool_size": limit, "max_overflow": 0}
+    """Run ``ops`` through ``await ThreadOffloadRunner(limit).run`` on fresh tables."""
+    scenario, label, app, engine, sessions, config = _setup(ctx, limit, driver, label, "")
     try:
         async with (
             ThreadOffloadRunner(sessions, limit=limit, errors="collect") as runner,
@@ -52,5 +62,27 @@ async def measure(
         ):
             units = [sync_unit(op, p.tick) for op in ops]
             record(p, await runner.run(units))
+    finally:
+        engine.dispose()
+
+
+def measure_sync(
+    ctx: Context,
+    limit: int,
+    ops: list[Op],
+    *,
+    driver: str,
+    group: str = "main",
+    label: str | None = None,
+) -> None:
+    """Run ``ops`` through ``ThreadOffloadRunner(limit).run_sync`` from sync code, on fresh tables."""
+    scenario, label, app, engine, sessions, config = _setup(ctx, limit, driver, label, "-run-sync")
+    try:
+        with (
+            ThreadOffloadRunner(sessions, limit=limit, errors="collect") as runner,
+            Probe(ctx, scenario, label, total=len(ops), app_name=app, group=group, config=config) as p,
+        ):
+            units = [sync_unit(op, p.tick) for op in ops]
+            record(p, runner.run_sync(units))
     finally:
         engine.dispose()
