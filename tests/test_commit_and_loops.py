@@ -7,13 +7,20 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
-from boundeddb import ChunkedRunner, RunnerBusyElsewhereError, ThreadOffloadRunner, UnitTimeout
+from boundeddb import (
+    ChunkedRunner,
+    RunnerBusyElsewhereError,
+    SemaphoreRunner,
+    ThreadOffloadRunner,
+    UnitTimeout,
+)
 from tests.conftest import Item, committed_units
 
 pytestmark = [pytest.mark.postgres]
@@ -149,3 +156,51 @@ def test_a_runner_busy_on_one_loop_refuses_another(make_sync_engine: Any) -> Non
     assert result[0].values() == [1]
     # Once the first loop is done, the runner serves the next loop.
     assert runner.run_sync([lambda session: 3]).values() == [3]
+
+
+def insert_item_sync(session: Session) -> int:
+    session.add(Item(key="k0", unit=0))
+    session.flush()
+    return 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("kind", "anyio_backend"), [("async", "asyncio"), ("threads", "asyncio")])
+@pytest.mark.usefixtures("slow_commit")
+async def test_a_commit_under_way_when_the_run_is_cancelled_finishes(
+    kind: str, make_async_engine: Any, make_sync_engine: Any, admin: Engine, app_name: str
+) -> None:
+    """Cancelled while the server runs its COMMIT: the commit completes (its outcome is known), then the
+    cancellation propagates, with the connection back in the pool."""
+    runner: Any
+    if kind == "async":
+        engine = make_async_engine(pool_size=1)
+        pool = engine.sync_engine.pool
+        runner = SemaphoreRunner(async_sessionmaker(engine), limit=1)
+        unit: Any = insert_item
+    else:
+        sync_engine = make_sync_engine("psycopg", pool_size=1)
+        pool = sync_engine.pool
+        runner = ThreadOffloadRunner(sessionmaker(sync_engine), limit=1)
+        unit = insert_item_sync
+
+    def committing() -> bool:
+        with admin.connect() as connection:
+            return bool(
+                connection.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = :app "
+                        "AND state = 'active' AND query LIKE 'COMMIT%'"
+                    ),
+                    {"app": app_name},
+                ).scalar_one()
+            )
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            group.start_soon(runner.run, [unit])
+            while not await anyio.to_thread.run_sync(committing):  # server state: polled
+                await anyio.sleep(0.02)
+            group.cancel_scope.cancel()
+    assert committed_units(admin) == [0]
+    assert pool.checkedout() == 0
