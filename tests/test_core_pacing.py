@@ -65,7 +65,7 @@ class FakeExecutor:
         return FakeTeam()
 
     async def serve(self, run: Run[Any], worker: Worker, wait_s: float) -> Any:
-        return await serve_one(run, self._attempts, self.attempt, worker, wait_s)
+        return await serve_one(self._attempts, self.attempt, run, worker, wait_s)
 
     async def attempt(self, worker: Worker, unit: Any, index: int) -> Any:
         return await unit(index)

@@ -4,9 +4,10 @@ One unit from its first attempt to its outcome, written once for every executor.
 An executor runs one attempt (in its own session and transaction) and either returns the unit's
 value or raises. :meth:`Attempts.settle` decides what a failure means, explicitly: the unit's
 :class:`~boundeddb.Outcome` (done) or the delay before the next attempt (retry). A retry backs off
-*without* a slot, so a unit waiting to try again never holds a connection: :meth:`Attempts.first`
-makes the first attempt and :meth:`Attempts.rest` the ones a :class:`Retry` is owed — in the same
-worker (chunks) or in a worker of its own, so that its slot serves other units meanwhile.
+*without* a slot, so a unit waiting to try again never holds a connection: the first attempt is
+made where units are served (``pacing.serve_one``, or a thread's lane), and :meth:`Attempts.rest`
+makes the ones a :class:`Retry` is owed — in the same worker (chunks) or in a worker of its own,
+so that its slot serves other units meanwhile.
 """
 
 from __future__ import annotations
@@ -123,18 +124,6 @@ class Attempts:
             delay,
         )
         return delay
-
-    async def first(
-        self, attempt_fn: AttemptFn[WorkerT], worker: WorkerT, unit: Any, index: int, wait_s: float
-    ) -> Outcome[Any] | Retry:
-        """Attempt ``unit`` once; its outcome, or the retry it is owed."""
-        started = perf_counter()
-        try:
-            value = await attempt_fn(worker, unit, index)
-        except Exception as error:
-            settled = self.settle(error, index, 1, perf_counter() - started, wait_s)
-            return settled if isinstance(settled, Outcome) else Retry(unit, index, 2, settled, wait_s)
-        return Outcome(index, value, None, perf_counter() - started, wait_s)
 
     async def rest(
         self,

@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
+from .._outcome import Outcome
 from .attempts import AttemptFn, Attempts, Retry
 from .limiter import Limiter, Slot
 from .recorder import LoopLag
@@ -84,17 +85,28 @@ class Executor(Protocol[WorkerT]):
 
 
 async def serve_one(
-    run: Run[Any], attempts: Attempts, attempt_fn: AttemptFn[WorkerT], worker: WorkerT, wait_s: float
+    attempts: Attempts, attempt_fn: AttemptFn[WorkerT], run: Run[Any], worker: WorkerT, wait_s: float
 ) -> bool | Retry:
-    """Pull one unit and attempt it once (an executor's ``serve``, one unit at a time)."""
-    pulled = await run.pull()
+    """
+    Pull one unit and attempt it once: an executor's ``serve``, one unit at a time.
+
+    Bind the first two arguments (``functools.partial``): every await between a worker and its unit
+    is paid again each time the unit waits for the database, so this is the only one.
+    """
+    pulled = run.pull_sync() if run.pulls_sync else await run.pull()
     if pulled is None:
         return False
     if pulled is not REFUSED:
         unit, index = pulled
-        settled = await attempts.first(attempt_fn, worker, unit, index, wait_s)
-        if isinstance(settled, Retry):
-            return settled
+        started = perf_counter()
+        try:
+            value = await attempt_fn(worker, unit, index)
+        except Exception as error:
+            settled = attempts.settle(error, index, 1, perf_counter() - started, wait_s)
+            if not isinstance(settled, Outcome):
+                return Retry(unit, index, 2, settled, wait_s)
+        else:
+            settled = Outcome(index, value, None, perf_counter() - started, wait_s)
         run.finish(settled)
     return True
 

@@ -130,6 +130,11 @@ class Run(Generic[SinkT]):
         self.size = len(units) if isinstance(units, Sized) else math.inf
 
     @property
+    def pulls_sync(self) -> bool:
+        """Whether the input is a plain iterable (pulled without a trip through the event loop)."""
+        return self._iterator is not None
+
+    @property
     def pulls_in_threads(self) -> bool:
         """Whether a worker thread may pull and settle units itself (a lane)."""
         return self._iterator is not None and self.window is None and self.sink.thread_safe

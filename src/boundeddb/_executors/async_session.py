@@ -20,7 +20,9 @@ whatever it does after the cancellation (a unit that swallows ``CancelledError``
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +30,7 @@ import anyio
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from .._core.attempts import Attempts, CommitUnknown, Retry
+from .._core.attempts import Attempts, CommitUnknown
 from .._core.limiter import Slot
 from .._core.pacing import Body, Worker, serve_one
 from .._core.run import Run
@@ -191,6 +193,8 @@ class AsyncSessionExecutor:
         self._attempts = attempts
         self._timeout = timeout
         self.attempt = functools.partial(attempt_async, sessions, dialect, runner)
+        #: Pull one unit and attempt it, with no await between the worker and the unit but this one.
+        self.serve = functools.partial(serve_one, attempts, self.attempt)
 
     def check(self, unit: object, index: int) -> str | None:
         if callable(unit):
@@ -206,9 +210,6 @@ class AsyncSessionExecutor:
     def team(self, run: Run[Any]) -> NativeTeam:
         return NativeTeam(run)
 
-    async def serve(self, run: Run[Any], worker: AsyncWorker, wait_s: float) -> bool | Retry:
-        return await serve_one(run, self._attempts, self.attempt, worker, wait_s)
-
 
 class NativeTeam:
     """Worker tasks of one run, outside anyio's cancel scopes: each is stopped exactly once, by us."""
@@ -222,7 +223,7 @@ class NativeTeam:
     def spawn(self, worker: AsyncWorker, body: Body[AsyncWorker]) -> None:
         if self._cancelled:
             return  # the run is cancelled: a unit owed a retry is dropped with it
-        worker.task = asyncio.get_running_loop().create_task(_in_own_task(worker, body))
+        worker.task = _start(worker, body)
         self._workers.append(worker)
         self._tasks.add(worker.task)
 
@@ -244,6 +245,16 @@ class NativeTeam:
             raise
 
 
-async def _in_own_task(worker: AsyncWorker, body: Body[AsyncWorker]) -> None:
+def _start(worker: AsyncWorker, body: Body[AsyncWorker]) -> asyncio.Task[None]:
+    """A task for ``body(worker)`` whose context tells the engine's connect hook who is opening."""
+    loop = asyncio.get_running_loop()
+    if sys.version_info < (3, 11):  # pragma: no cover - no context= before Python 3.11
+        return loop.create_task(_in_own_context(worker, body))
+    context = contextvars.copy_context()
+    context.run(OPENING.set, worker.on_opening)
+    return loop.create_task(body(worker), context=context)
+
+
+async def _in_own_context(worker: AsyncWorker, body: Body[AsyncWorker]) -> None:  # pragma: no cover
     OPENING.set(worker.on_opening)  # this task's context only
     await body(worker)

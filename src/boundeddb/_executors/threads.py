@@ -134,6 +134,7 @@ class ThreadExecutor:
         self._script = functools.partial(attempt_sync, sessions, dialect, timeout)
         self._max_threads = max_threads
         self._threads: tuple[object, anyio.CapacityLimiter] | None = None
+        self._last_checked: object = None
 
     def check(self, unit: object, index: int) -> str | None:
         if not callable(unit):
@@ -142,11 +143,14 @@ class ThreadExecutor:
                 "the session, e.g. def unit(session): ..."
             )
         fn = getattr(unit, "fn", unit)  # map()'s units keep their function visible
+        if fn is self._last_checked:  # map() gives every unit the same function: check it once
+            return None
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004
             return (
                 f"unit {index} is an async function: ThreadOffloadRunner runs plain "
                 "`def unit(session: Session)` in worker threads; run async units with SemaphoreRunner"
             )
+        self._last_checked = fn
         return None
 
     def worker(self, slot: Slot) -> ThreadWorker:
@@ -166,7 +170,7 @@ class ThreadExecutor:
 
     async def serve(self, run: Run[Any], worker: ThreadWorker, wait_s: float) -> bool | Retry:
         if not run.pulls_in_threads:
-            return await serve_one(run, self._attempts, self.attempt, worker, wait_s)
+            return await serve_one(self._attempts, self.attempt, run, worker, wait_s)
         lane = await anyio.to_thread.run_sync(
             self._lane, run, worker.handle, wait_s, limiter=self._thread_limiter()
         )
