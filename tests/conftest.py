@@ -1,13 +1,15 @@
-"""Fixtures: a real PostgreSQL (a schema per test run), SQLite files, engines, probes."""
+"""Fixtures: a real PostgreSQL (a schema per test run), SQLite files, engines, probes, the contract kit."""
 
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 import threading
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from sqlalchemy import Column, Integer, String, create_engine, text
@@ -16,6 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from sqlalchemy.orm import DeclarativeBase, sessionmaker
 
 from boundeddb.testing import PostgresServer, driver_url, postgres
+
+if TYPE_CHECKING:
+    from tests.kits import Kit
 
 
 class Base(DeclarativeBase):
@@ -77,7 +82,7 @@ async def make_async_engine(pg_server: PostgresServer, pg_schema: str, app_name:
         connect_args: dict[str, Any] = {
             "server_settings": {"search_path": pg_schema, "application_name": app_name}
         }
-        if ssl is not None:  # ssl=False: no SSLRequest probe (see test_faults.py)
+        if ssl is not None:  # ssl=False: no SSLRequest probe (see cancel_kit)
             connect_args["ssl"] = ssl
         engine = create_async_engine(driver_url(pg_server.url, "asyncpg"), connect_args=connect_args, **pool)
         engines.append(engine)
@@ -146,6 +151,21 @@ def idle_in_transaction(admin: Engine, app: str) -> int:
     return backends(admin, app, state_like="idle in transaction%")
 
 
+def terminate_backends(admin: Engine, app: str) -> None:
+    with admin.connect() as connection:
+        connection.execute(
+            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :app"),
+            {"app": app},
+        )
+
+
+@pytest.fixture
+def reap_backends(admin: Engine, app_name: str) -> Iterator[None]:
+    """At teardown, terminate this test's backends: a leaked one in a transaction would block DROP TABLE."""
+    yield
+    terminate_backends(admin, app_name)
+
+
 def committed_units(admin: Engine) -> list[int]:
     with admin.connect() as connection:
         return sorted(connection.execute(text("SELECT unit FROM items")).scalars())
@@ -186,6 +206,48 @@ class ActivitySampler:
 @pytest.fixture
 def sampler(admin: Engine, app_name: str) -> ActivitySampler:
     return ActivitySampler(admin, app_name)
+
+
+# -- the contract kit: a runner of the parametrized ``kind`` and units of its shape (tests/kits.py) ---------
+
+
+def _make_kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any, **async_options: Any) -> Kit:
+    from tests.kits import Kit  # tests.kits imports this module (Item)
+
+    # The async engine factory is an asyncio-only fixture: ask for it only where it is needed.
+    async_factory = None
+    if not kind.startswith("threads"):
+        async_factory = request.getfixturevalue("make_async_engine")
+        if async_options:
+            async_factory = partial(async_factory, **async_options)
+    return Kit(kind, async_factory, make_sync_engine)
+
+
+@pytest.fixture
+def kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any) -> Kit:
+    """A Kit for the test's parametrized ``kind`` (tests.kits.CASES)."""
+    return _make_kit(kind, request, make_sync_engine)
+
+
+@pytest.fixture
+def cancel_kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any) -> Kit:
+    """
+    A Kit whose async engines use asyncpg's ``ssl=False`` (the test server has no TLS).
+
+    With its default sslmode=prefer, asyncpg opens each connection with an SSLRequest probe; a connect
+    cancelled during the probe leaves a "Future exception was never retrieved: ConnectionError:
+    unexpected connection_lost() call" for the event loop to report (asyncpg's TLSUpgradeProto,
+    MagicStack/asyncpg#1211 and #1310). That is the driver's noise, not boundeddb's: turn the probe off
+    where a test cancels units that may be connecting.
+    """
+    return _make_kit(kind, request, make_sync_engine, ssl=False)
+
+
+@pytest.fixture
+def collect_garbage() -> Iterator[None]:
+    """Collect garbage as each test ends: a leaked connection then fails its own test, not a later one."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture

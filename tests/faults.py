@@ -1,4 +1,4 @@
-"""Fault injectors and checks for tests/test_faults.py: a backend killer, a private server, invariants."""
+"""Fault injectors and checks for tests/test_fault_*.py: a backend killer, a private server, invariants."""
 
 from __future__ import annotations
 
@@ -18,10 +18,15 @@ import anyio.from_thread
 from sqlalchemy import ForeignKey, Table, event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from boundeddb import Outcome, is_transient
+from tests.conftest import Item
+
+#: The runner kinds of the fault tests that need not run on every kind: one async, one thread runner.
+SMALL_CASES = [("semaphore", "asyncio"), ("threads-psycopg", "asyncio")]
+SMALL_IDS = [f"{kind}-{backend}" for kind, backend in SMALL_CASES]
 
 
 class FaultBase(DeclarativeBase):
@@ -80,6 +85,27 @@ class Progress:
     def wait_for(self, n: int, timeout: float) -> bool:
         with self._condition:
             return self._condition.wait_for(lambda: self.value >= n, timeout)
+
+
+def inserting(is_async: bool, i: int, progress: Progress) -> Any:
+    """A unit that inserts row ``i`` (its unique key) and counts the attempt once it reached the server."""
+    if is_async:
+
+        async def unit(session: AsyncSession) -> int:
+            session.add(Item(key=f"k{i}", unit=i))
+            await session.flush()
+            progress.add()
+            return i
+
+        return unit
+
+    def sync_unit(session: Session) -> int:
+        session.add(Item(key=f"k{i}", unit=i))
+        session.flush()
+        progress.add()
+        return i
+
+    return sync_unit
 
 
 class Countdown:

@@ -63,15 +63,17 @@ class Kit:
         self.engine: Any = None
 
     def runner(self, limit: int = 5, *, pool_size: int | None = None, **options: Any) -> Any:
+        """A runner of this kind; engine options among ``options`` (ENGINE_OPTIONS) go to its engine."""
         pool_size = pool_size or limit
+        engine_options = _engine_options(options)
         if self.is_async:
-            self.engine = self._make_async_engine(pool_size=pool_size, **_pool_timeout(options))
+            self.engine = self._make_async_engine(pool_size=pool_size, **engine_options)
             sessions: Any = async_sessionmaker(self.engine)
             if self.kind == "chunked":
                 return ChunkedRunner(sessions, chunk_size=limit, **options)
             return SemaphoreRunner(sessions, limit=limit, **options)
         driver = self.kind.removeprefix("threads-")
-        self.engine = self._make_sync_engine(driver, pool_size=pool_size, **_pool_timeout(options))
+        self.engine = self._make_sync_engine(driver, pool_size=pool_size, **engine_options)
         return ThreadOffloadRunner(sessionmaker(self.engine), limit=limit, **options)
 
     @property
@@ -160,9 +162,14 @@ class Kit:
         return sync_fn
 
 
-def _pool_timeout(options: dict[str, Any]) -> dict[str, Any]:
-    timeout = options.pop("pool_timeout", None)
-    return {} if timeout is None else {"pool_timeout": timeout}
+#: Options of Kit.runner() that are its engine's (``create_engine``'s), not the runner's.
+ENGINE_OPTIONS = ("pool_timeout", "isolation_level")
+
+
+def _engine_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Take the engine's options (ENGINE_OPTIONS) out of ``options``; one given as None is left out."""
+    taken = {name: options.pop(name, None) for name in ENGINE_OPTIONS}
+    return {name: value for name, value in taken.items() if value is not None}
 
 
 def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> bool:

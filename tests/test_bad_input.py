@@ -316,13 +316,6 @@ async_kinds = pytest.mark.parametrize(("kind", "anyio_backend"), ASYNC_KINDS, id
 threads = pytest.mark.parametrize(("kind", "anyio_backend"), THREADS, ids=THREAD_IDS)
 
 
-@pytest.fixture
-def kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any) -> Kit:
-    # The async engine factory is an asyncio-only fixture: ask for it only where it is needed.
-    async_factory = None if kind.startswith("threads") else request.getfixturevalue("make_async_engine")
-    return Kit(kind, async_factory, make_sync_engine)
-
-
 def unit_example(kit: Kit) -> str:
     return "async def unit(session): ..." if kit.is_async else "def unit(session): ..."
 

@@ -1,9 +1,10 @@
-"""Cancellation: a unit in flight when its run is cancelled is rolled back, whatever it does after."""
+"""Cancellation: units in flight when their run is cancelled roll back, stop promptly, and leak nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import gc
 import random
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import pytest
 from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
@@ -19,9 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from boundeddb import RetryPolicy
-from tests.conftest import Item
-from tests.faults import assert_no_open_transactions
-from tests.kits import CASE_IDS, CASES, Kit
+from tests.conftest import Item, terminate_backends
+from tests.faults import Countdown, active_queries, assert_no_open_transactions, no_warnings, wait_until
+from tests.kits import CASE_IDS, CASES, Kit, StartGate
 
 pytestmark = [pytest.mark.postgres, pytest.mark.anyio, pytest.mark.usefixtures("items_table")]
 
@@ -72,12 +74,6 @@ def pausing_unit(kit: Kit, i: int, pause: float, finished: Finished, *, swallow:
         return i
 
     return sync_unit
-
-
-@pytest.fixture
-def kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any) -> Kit:
-    async_factory = None if kind.startswith("threads") else request.getfixturevalue("make_async_engine")
-    return Kit(kind, async_factory, make_sync_engine)
 
 
 @pytest.mark.parametrize(("kind", "anyio_backend"), CASES, ids=CASE_IDS)
@@ -199,3 +195,137 @@ async def test_a_run_cancelled_while_its_connections_open_leaks_nothing_into_the
     assert [c.get("message") for c in seen] == []
     assert_no_open_transactions(admin, app_name, "after the cancelled runs")
     assert (await runner.run([kit.select(3)])).values() == [3]
+
+
+# -- cancelled at a random point (on engines without asyncpg's TLS probe), and a native asyncio cancel --
+
+CANCEL_SEEDS = 200
+CANCEL_CASES = [
+    ("semaphore", "asyncio"),
+    ("chunked", "asyncio"),
+    ("threads-psycopg", "asyncio"),
+    ("threads-psycopg", "trio"),
+]
+CANCEL_IDS = [f"{kind}-{backend}" for kind, backend in CANCEL_CASES]
+
+
+def small_unit(kit: Kit, seconds: float, started: Countdown, finished: Countdown) -> Any:
+    """A unit that sleeps ``seconds`` on the server, reporting when it started and finished."""
+    if kit.is_async:
+
+        async def unit(session: AsyncSession) -> int:
+            await session.execute(text("SELECT 1"))
+            started.arrive()
+            await session.execute(text("SELECT pg_sleep(CAST(:s AS float))"), {"s": seconds})
+            finished.arrive()
+            return 1
+
+        return unit
+
+    def sync_unit(session: Session) -> int:
+        session.execute(text("SELECT 1"))
+        started.arrive()
+        session.execute(text("SELECT pg_sleep(CAST(:s AS float))"), {"s": seconds})
+        finished.arrive()
+        return 1
+
+    return sync_unit
+
+
+async def cancel_once(kit: Kit, runner: Any, seed: int) -> str:
+    """Start a run (or a stream), cancel it at a point drawn from ``seed``; say where it was cancelled."""
+    rng = random.Random(seed)
+    n = rng.randint(1, 30)
+    from_thread = not kit.is_async
+    started = Countdown(rng.randint(1, min(n, runner.limit)), from_thread=from_thread)
+    finished = Countdown(rng.randint(1, n), from_thread=from_thread)
+    units = [small_unit(kit, rng.choice([0.0, 0.0, 0.001, 0.005]), started, finished) for _ in range(n)]
+    verb = rng.choice(["run", "stream"])
+    point = rng.choice(["checkpoints", "started", "finished"])
+
+    async def work() -> None:
+        if verb == "run":
+            await runner.run(units)
+        else:
+            async with contextlib.aclosing(runner.stream(units)) as outcomes:
+                async for _ in outcomes:
+                    pass
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(work)
+        if point == "checkpoints":
+            checkpoints = rng.randint(0, 300)
+            for _ in range(checkpoints):
+                await anyio.lowlevel.checkpoint()
+            point = f"after {checkpoints} checkpoints"
+        else:
+            countdown = started if point == "started" else finished
+            await countdown.event.wait()
+            point = f"once {countdown.n} units had {point}"
+        group.cancel_scope.cancel()
+    return f"seed {seed}: {verb} of {n} units cancelled {point}"
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.usefixtures("collect_garbage")
+@pytest.mark.parametrize(("kind", "anyio_backend"), CANCEL_CASES, ids=CANCEL_IDS)
+async def test_cancelling_at_random_points_leaks_nothing(
+    cancel_kit: Kit, admin: Engine, app_name: str
+) -> None:
+    """200 seeded cancellations of a run or stream: connections back, no open transaction, no warning."""
+    kit = cancel_kit
+    runner = kit.runner(limit=4)
+    with anyio.fail_after(120), no_warnings():
+        for seed in range(CANCEL_SEEDS):
+            where = await cancel_once(kit, runner, seed)
+            assert runner.in_flight == 0, where
+            assert kit.pool.checkedout() == 0, where
+            assert_no_open_transactions(admin, app_name, where)
+        gc.collect()  # SQLAlchemy warns about connections it finds only in the garbage
+    assert await runner.submit(kit.select(5)) == 5
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("collect_garbage", "items_table", "reap_backends")
+@pytest.mark.parametrize(
+    ("kind", "anyio_backend", "verb"),
+    [
+        ("semaphore", "asyncio", "run"),
+        ("semaphore", "asyncio", "submit"),
+        ("chunked", "asyncio", "run"),
+        ("threads-psycopg", "asyncio", "run"),
+        ("threads-psycopg", "asyncio", "submit"),
+    ],
+    ids=["semaphore-run", "semaphore-submit", "chunked-run", "threads-psycopg-run", "threads-psycopg-submit"],
+)
+async def test_a_native_asyncio_cancel_stops_units_promptly(
+    kit: Kit, verb: str, admin: Engine, app_name: str
+) -> None:
+    """asyncio.timeout() (a plain Task.cancel(), as in run_sync's Ctrl-C) stops units in pg_sleep(30) fast."""
+    # anyio cancel scopes reach every task of a run; a native cancellation reaches only the awaiting
+    # task, which is what asyncio.timeout(), asyncio.wait_for(), servers and asyncio.Runner's SIGINT do.
+    runner = kit.runner(limit=2)
+    gate = StartGate(2 if verb == "run" else 1)
+    units = [kit.sleep_then_insert(i, 30, gate) for i in range(4)]
+    call = runner.run(units) if verb == "run" else runner.submit(units[0])
+    task = asyncio.ensure_future(call)
+    with anyio.fail_after(20):
+        await gate.event.wait()
+    await anyio.to_thread.run_sync(
+        wait_until, lambda: active_queries(admin, app_name, "%pg_sleep%") >= 1, 10, "a unit in pg_sleep(30)"
+    )
+    cancelled_at = time.monotonic()
+    task.cancel()
+    with anyio.move_on_after(5):
+        await asyncio.wait({task})
+    took = time.monotonic() - cancelled_at
+    finished = task.done()
+    while not task.done():  # unblock the threads, so that the test itself ends
+        terminate_backends(admin, app_name)
+        with anyio.move_on_after(1):
+            await asyncio.wait({task})
+    assert finished, f"cancelled, the call still ran {took:.0f} s later: its units went on (pg_sleep(30))"
+    assert task.cancelled()
+    assert kit.pool.checkedout() == 0
+    assert_no_open_transactions(admin, app_name, "after a native cancel")

@@ -225,13 +225,6 @@ def test_other_exceptions_are_not_transient(error: Exception) -> None:
 # -- retries end to end -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any) -> Kit:
-    # The async engine factory is an asyncio-only fixture: ask for it only where it is needed.
-    async_factory = None if kind.startswith("threads") else request.getfixturevalue("make_async_engine")
-    return Kit(kind, async_factory, make_sync_engine)
-
-
 class Flaky:
     """Builds a unit that inserts its row, then fails with ``statement`` on its first ``failures`` tries."""
 

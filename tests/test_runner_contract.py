@@ -22,13 +22,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any) -> Kit:
-    # The async engine factory is an asyncio-only fixture: ask for it only where it is needed.
-    async_factory = None if kind.startswith("threads") else request.getfixturevalue("make_async_engine")
-    return Kit(kind, async_factory, make_sync_engine)
-
-
 def assert_no_leaks(kit: Kit, admin: Engine, app_name: str) -> None:
     assert kit.pool.checkedout() == 0
     assert idle_in_transaction(admin, app_name) == 0
