@@ -22,6 +22,7 @@ from boundeddb import (
     UnitTimeout,
 )
 from tests.conftest import Item, committed_units
+from tests.faults import wait_until
 
 pytestmark = [pytest.mark.postgres]
 
@@ -199,8 +200,7 @@ async def test_a_commit_under_way_when_the_run_is_cancelled_finishes(
     with anyio.fail_after(20):
         async with anyio.create_task_group() as group:
             group.start_soon(runner.run, [unit])
-            while not await anyio.to_thread.run_sync(committing):  # server state: polled
-                await anyio.sleep(0.02)
+            await anyio.to_thread.run_sync(wait_until, committing, 15, "the runner's COMMIT to begin")
             group.cancel_scope.cancel()
     assert committed_units(admin) == [0]
     assert pool.checkedout() == 0
