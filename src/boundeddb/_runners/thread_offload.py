@@ -42,11 +42,15 @@ class ThreadOffloadRunner(BaseRunner):
             took longer is rolled back and fails with :class:`~boundeddb.UnitTimeout`, and its slot
             stays taken until its thread has really finished.
 
-    Cancelling a call cancels the statements in flight (the DBAPI connection's ``cancel()``),
-    waits for the threads to finish, rolls back and returns their connections before the
-    cancellation propagates.
+    Cancelling a call cancels the statements in flight (the DBAPI connection's ``cancel()``, or
+    SQLite's ``interrupt()``), waits for the threads to finish, rolls back and returns their
+    connections before the cancellation propagates. A thread cannot be stopped, so a unit that was
+    running goes on until it returns; it is then rolled back, never committed, whatever it did
+    meanwhile (a unit whose COMMIT had already begun finishes it).
 
     .. versionadded:: 0.1.0
+    .. versionchanged:: 0.2.0
+       A unit running when its call is cancelled is rolled back when it returns.
     """
 
     def __init__(
