@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -11,10 +12,17 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
-from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import Session, sessionmaker
 
-from boundeddb import RetryPolicy, UnitTimeout, is_transient
+from boundeddb import (
+    ChunkedRunner,
+    RetryPolicy,
+    SemaphoreRunner,
+    ThreadOffloadRunner,
+    UnitTimeout,
+    is_transient,
+)
 from tests.conftest import Item, committed_units
 from tests.kits import CASE_IDS, CASES, Boom, Kit
 
@@ -354,6 +362,31 @@ class TestRetriesEndToEnd:
         assert isinstance(report.outcomes[0].error, Boom)
         assert report.outcomes[0].attempts == 1
 
+    async def test_an_error_before_the_first_statement_is_the_units_own(self, kit: Kit) -> None:
+        """
+        A unit that fails before it sends anything is not taken for a failed connect (always retried).
+
+        An async unit's session connects at its first statement: before that it has no connection.
+        """
+        raised = 0
+
+        def fail() -> None:
+            nonlocal raised
+            raised += 1
+            raise Boom(0)
+
+        async def async_unit(session: AsyncSession) -> None:
+            fail()
+
+        def sync_unit(session: Session) -> None:
+            fail()
+
+        runner = kit.runner(limit=2, errors="collect", retry=no_wait(attempts=5))
+        report = await runner.run([async_unit if kit.is_async else sync_unit])
+        assert isinstance(report.outcomes[0].error, Boom)
+        assert (report.outcomes[0].attempts, raised) == (1, 1)
+        assert kit.pool.checkedout() == 0
+
 
 def as_async(pick: Callable[[Any], Any]) -> Callable[[Any], Any]:
     async def unit(session: Any) -> Any:
@@ -490,8 +523,65 @@ def test_a_lost_connection_is_transient_whatever_the_message(
             "SELECT 1", None, Exception("sending query failed: another command is already in progress")
         )
         assert not is_transient(unrecognised)
-        note_lost_connection(unrecognised, healthy)
+        note_lost_connection(unrecognised, healthy.connection.dbapi_connection)
         assert not is_transient(unrecognised), "a healthy connection is not lost"
-        note_lost_connection(unrecognised, doomed)
+        note_lost_connection(unrecognised, dbapi)
         assert is_transient(unrecognised)
         doomed.invalidate()  # as the runner does with a lost connection
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("kind", "anyio_backend"), CASES, ids=CASE_IDS)
+async def test_a_connect_that_fails_is_retried_whatever_retry_on_says(kind: str) -> None:
+    """
+    Nothing was sent when a session cannot connect: every attempt the policy allows is made, even
+    with a ``retry_on`` that retries nothing, and the unit fails with the driver's own error.
+
+    An async unit's session connects lazily, at its first statement, inside the unit.
+    """
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    driver = "asyncpg" if not kind.startswith("threads") else kind.removeprefix("threads-")
+    url = f"postgresql+{driver}://nobody@127.0.0.1:{port}/nowhere"
+    calls = 0
+    policy = no_wait(attempts=3, retry_on=lambda error: False)
+    runner: Any
+    if kind.startswith("threads"):
+        engine: Any = create_engine(url, pool_size=2, max_overflow=0)
+
+        def sync_unit(session: Session) -> None:
+            nonlocal calls
+            calls += 1
+            session.execute(text("SELECT 1"))
+
+        runner = ThreadOffloadRunner(sessionmaker(engine), limit=2, errors="collect", retry=policy)
+        unit: Any = sync_unit
+    else:
+        engine = create_async_engine(url, pool_size=2, max_overflow=0)
+
+        async def async_unit(session: AsyncSession) -> None:
+            nonlocal calls
+            calls += 1
+            await session.execute(text("SELECT 1"))
+
+        sessions = async_sessionmaker(engine)
+        if kind == "chunked":
+            runner = ChunkedRunner(sessions, chunk_size=2, errors="collect", retry=policy)
+        else:
+            runner = SemaphoreRunner(sessions, limit=2, errors="collect", retry=policy)
+        unit = async_unit
+    try:
+        report = await runner.run([unit])
+    finally:
+        if kind.startswith("threads"):
+            engine.dispose()
+        else:
+            await engine.dispose()
+    outcome = report.outcomes[0]
+    assert outcome.attempts == 3
+    assert type(outcome.error).__module__.split(".")[0] not in ("boundeddb", "tests")
+    assert outcome.error is not None
+    assert not outcome.commit_unknown
+    # The thread runner connects before the unit runs; the async ones at the unit's first statement.
+    assert calls == (0 if kind.startswith("threads") else 3)

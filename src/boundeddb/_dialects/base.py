@@ -57,7 +57,7 @@ class Dialect:
         """Whether ``error``, raised by COMMIT, leaves open whether the transaction committed."""
         return self.is_connection_error(error) or isinstance(error, TimeoutError)
 
-    def note_lost_connection(self, error: BaseException, connection: Any) -> None:
+    def note_lost_connection(self, error: BaseException, dbapi_connection: Any) -> None:
         """
         Mark a driver error as a lost connection if the unit's own connection says it is closed.
 
@@ -66,15 +66,11 @@ class Dialect:
         terminated). The DBAPI connection's own state is the better witness: if it is closed, set
         SQLAlchemy's ``connection_invalidated`` flag, so the error is retried as transient (or,
         during COMMIT, reported as ``commit_unknown``) and the connection is discarded, not reused.
+        ``dbapi_connection`` is ``None`` when SQLAlchemy has already discarded it.
         """
-        if not isinstance(error, sa_exc.DBAPIError) or error.connection_invalidated or connection is None:
+        if not isinstance(error, sa_exc.DBAPIError) or error.connection_invalidated:
             return
-        sync_connection = getattr(connection, "sync_connection", connection)  # AsyncConnection
-        try:
-            dbapi = sync_connection.connection.dbapi_connection
-        except Exception:  # already invalidated or closed by SQLAlchemy
-            return
-        if self.driver_says_closed(dbapi):
+        if dbapi_connection is not None and self.driver_says_closed(dbapi_connection):
             error.connection_invalidated = True
 
     def driver_says_closed(self, dbapi_connection: Any) -> bool:

@@ -7,8 +7,10 @@ aborts the socket before its cancel request reaches the server and the statement
 One plain cancellation lets SQLAlchemy and asyncpg stop the statement on the server and close the
 connection properly. And it is never sent at the wrong moment — each worker knows where it is:
 
-- opening a new DBAPI connection: deferred until it is open (at most :data:`OPENING_GRACE_S`),
-  because a driver's connect cancelled half-way can leave a future whose error nobody retrieves;
+- opening a new DBAPI connection (the session connects lazily, at the unit's first statement, and
+  the pool tells the worker, see ``pool.HOOKS``): deferred until it is open (at most
+  :data:`OPENING_GRACE_S`), because a driver's connect cancelled half-way can leave a future whose
+  error nobody retrieves;
 - committing: a cancelled run lets the COMMIT finish (its outcome is then known); a unit's own
   timeout does interrupt it (the outcome is then ``commit_unknown``);
 - closing the session: never interrupted, so the connection is rolled back and returned.
@@ -27,8 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.pool import PoolProxiedConnection
 
 from .._core.attempts import Attempts, CommitUnknown
 from .._core.limiter import Slot
@@ -36,7 +40,7 @@ from .._core.pacing import Body, Worker, serve_one
 from .._core.run import Run
 from .._dialects import Dialect
 from .._errors import UnitTimeout
-from .pool import OPENING, watch_connects
+from .pool import HOOKS, watch_connects
 from .script import attempt_async
 
 __all__ = ["AsyncSessionExecutor", "AsyncWorker"]
@@ -56,6 +60,7 @@ class AsyncWorker(Worker):
         "_timeout",
         "_timer",
         "cancel_pending",
+        "connection",
         "opening",
         "phase",
         "stop_requested",
@@ -68,6 +73,7 @@ class AsyncWorker(Worker):
         self._timeout = timeout
         self.task: asyncio.Task[None] | None = None
         self.phase = _IDLE
+        self.connection: PoolProxiedConnection | None = None
         self.opening = False
         self.stop_requested = False
         self.cancel_pending = False
@@ -81,21 +87,13 @@ class AsyncWorker(Worker):
     def stop(self) -> None:
         """The run is cancelled: interrupt the worker now, or at its next step if now is a bad moment."""
         self.stop_requested = True
-        if self.phase in (_IDLE, _RUNNING):
-            self._interrupt()
-        elif self.phase == _CONNECTING:
+        if self.phase in (_IDLE, _CONNECTING, _RUNNING):
             self._interrupt_unless_opening()
-
-    def on_opening(self) -> None:
-        """Called (through :data:`~boundeddb._executors.pool.OPENING`) as the task opens a connection."""
-        self.opening = True
 
     def _on_deadline(self) -> None:
         self._timer = None
         self.timed_out = True
-        if self.phase in (_RUNNING, _COMMITTING):
-            self._interrupt()
-        elif self.phase == _CONNECTING:
+        if self.phase in (_CONNECTING, _RUNNING, _COMMITTING):
             self._interrupt_unless_opening()
 
     def _interrupt_unless_opening(self) -> None:
@@ -110,6 +108,31 @@ class AsyncWorker(Worker):
             self.cancel_pending = True
             self.task.cancel()
 
+    # -- the pool's side (pool.HOOKS, called in this worker's task) --------------------------------------
+
+    def on_opening(self) -> None:
+        """The task starts opening a new DBAPI connection: defer interruptions until it is open."""
+        self.opening = True
+
+    def on_checkout(self, connection: PoolProxiedConnection) -> None:
+        """The task's session has its connection: what was deferred while it opened takes effect."""
+        if self.connection is None:
+            self.connection = connection
+        if self.phase == _CONNECTING:
+            self.phase = _RUNNING
+        if self.opening:
+            self._opened()
+            if (self.stop_requested and self.phase == _RUNNING) or (
+                self.timed_out and self.phase in (_RUNNING, _COMMITTING)
+            ):
+                self._interrupt()  # raised at the task's next await: its first statement
+
+    def _opened(self) -> None:
+        self.opening = False
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
     def _consume_cancel(self) -> None:
         """Our own cancellation was seen (or swallowed by the unit): take it back."""
         if self.cancel_pending:
@@ -123,31 +146,26 @@ class AsyncWorker(Worker):
     def connecting(self, index: int) -> None:
         self._index = index
         self.phase = _CONNECTING
+        self.connection = None
         self.opening = False
         self.timed_out = False
         if self._timeout is not None:
             assert self.task is not None
             self._timer = self.task.get_loop().call_later(self._timeout, self._on_deadline)
 
-    def running(self) -> None:
-        self._checkpoint()
-        self.phase = _RUNNING
+    def connect_failed(self, error: Exception) -> bool:
+        """Whether ``error``, raised before the session had a connection, is the connect failing."""
+        return self.opening or isinstance(error, sa_exc.TimeoutError)  # opening, or a pool timeout
 
     def committing(self) -> None:
-        self._checkpoint()
-        self.phase = _COMMITTING
-
-    def _checkpoint(self) -> None:
         """Where a deferred cancellation or a deadline that passed takes effect."""
-        self.opening = False
-        if self._grace is not None:
-            self._grace.cancel()
-            self._grace = None
+        self._opened()
         if self.stop_requested:
             raise asyncio.CancelledError
         if self.timed_out:  # the unit swallowed our cancellation, or its connection opened too late
             self._consume_cancel()
             raise self._timeout_error()
+        self.phase = _COMMITTING
 
     def interrupted(self, error: BaseException) -> Exception | None:
         """What the attempt failed with, if it failed because its own deadline passed."""
@@ -166,12 +184,11 @@ class AsyncWorker(Worker):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._grace is not None:
-            self._grace.cancel()
-            self._grace = None
+        self._opened()
 
     def closed(self) -> None:
         self.phase = _IDLE
+        self.connection = None
         if self.stop_requested:  # deferred while closing: take effect at the next await
             self._interrupt()
 
@@ -251,10 +268,10 @@ def _start(worker: AsyncWorker, body: Body[AsyncWorker]) -> asyncio.Task[None]:
     if sys.version_info < (3, 11):  # pragma: no cover - no context= before Python 3.11
         return loop.create_task(_in_own_context(worker, body))
     context = contextvars.copy_context()
-    context.run(OPENING.set, worker.on_opening)
+    context.run(HOOKS.set, worker)
     return loop.create_task(body(worker), context=context)
 
 
 async def _in_own_context(worker: AsyncWorker, body: Body[AsyncWorker]) -> None:  # pragma: no cover
-    OPENING.set(worker.on_opening)  # this task's context only
+    HOOKS.set(worker)  # this task's context only
     await body(worker)

@@ -4,9 +4,12 @@ What the runners watch on an engine: connections checked out of its pool, and co
 - :func:`watch_pool`: the peak number of connections checked out during a run (``RunStats``),
   counted through the pool's ``checkout``/``checkin`` events, from any thread.
 - :func:`watch_connects`: tells the worker whose task is opening a new DBAPI connection that it is,
-  through :data:`OPENING` (a context variable the worker sets in its own task). A driver's connect
-  cancelled half-way can leave futures behind whose errors nobody retrieves (asyncpg's TLS probe,
-  MagicStack/asyncpg#1211): workers defer a cancellation while they open a connection.
+  and then which connection its task checked out, through :data:`HOOKS` (a context variable the
+  worker sets in its own task). A driver's connect cancelled half-way can leave futures behind
+  whose errors nobody retrieves (asyncpg's TLS probe, MagicStack/asyncpg#1211): workers defer a
+  cancellation while they open a connection. Knowing the connection without asking the session for
+  it (``await session.connection()``, one more greenlet per unit) lets the session connect lazily,
+  at the unit's first statement, as hand-written code does.
 """
 
 from __future__ import annotations
@@ -14,19 +17,27 @@ from __future__ import annotations
 import contextvars
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.pool import Pool, QueuePool
+from sqlalchemy.pool import Pool, PoolProxiedConnection, QueuePool
 
-__all__ = ["OPENING", "Watch", "watch_connects", "watch_pool"]
+__all__ = ["HOOKS", "ConnectHooks", "Watch", "watch_connects", "watch_pool"]
 
-#: In a worker's task: what to call when that task starts opening a DBAPI connection.
-OPENING: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
-    "boundeddb_opening", default=None
-)
+
+class ConnectHooks(Protocol):
+    """What a worker's task is told about the connections its engine gives it."""
+
+    def on_opening(self) -> None:
+        """The task starts opening a new DBAPI connection."""
+
+    def on_checkout(self, connection: PoolProxiedConnection) -> None:
+        """The task checked ``connection`` out of the pool (a new one is open by then)."""
+
+
+#: In a worker's task: the hooks of that worker.
+HOOKS: contextvars.ContextVar[ConnectHooks | None] = contextvars.ContextVar("boundeddb_hooks", default=None)
 
 
 class _PoolGauge:
@@ -89,14 +100,21 @@ def watch_pool(pool: Pool) -> Watch:
 
 
 def _on_do_connect(*_: Any) -> None:
-    opening = OPENING.get()
-    if opening is not None:
-        opening()
+    hooks = HOOKS.get()
+    if hooks is not None:
+        hooks.on_opening()
+
+
+def _on_checkout(_dbapi_connection: Any, _record: Any, connection: PoolProxiedConnection) -> None:
+    hooks = HOOKS.get()
+    if hooks is not None:
+        hooks.on_checkout(connection)
 
 
 def watch_connects(engine: Engine) -> None:
-    """Make ``engine`` call the current task's :data:`OPENING` hook when it opens a connection."""
+    """Make ``engine`` call the current task's :data:`HOOKS` as it opens and checks out connections."""
     with _lock:
         if engine not in _connects:
             event.listen(engine, "do_connect", _on_do_connect)
+            event.listen(engine.pool, "checkout", _on_checkout)
             _connects.add(engine)

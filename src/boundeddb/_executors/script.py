@@ -1,12 +1,13 @@
 """
 The transaction script of one attempt, as async and sync twins side by side (as httpx does).
 
-Open a session and begin its transaction; take a connection before the unit runs (a failure here
-means nothing was sent: safe to retry); run the unit; check that it left the runner's transaction
+Open a session and begin its transaction; take a connection (a failure here means nothing was
+sent: safe to retry) — before the unit runs in a thread, at the unit's first statement in a task
+(the async guard hears of it from the pool); run the unit; check that it left the runner's transaction
 alone; commit; always close (roll back whatever is open, return the connection, or discard it).
 
 A *guard* is told each step, and is where cancellation is decided: it may refuse to go on (a
-cancelled run, a unit past its deadline) at ``running`` and ``committing``, and lets nothing
+cancelled run, a unit past its deadline) once connected and at ``committing``, and lets nothing
 interrupt opening a connection, committing (for a cancelled run) or closing. The async guard is
 the worker task itself (``async_session.AsyncWorker``), the sync one a thread's handle
 (``threads.Handle``).
@@ -21,8 +22,9 @@ from time import perf_counter
 from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import PoolProxiedConnection
 
 from .._core.attempts import CommitUnknown, ConnectFailed, UnitMisuse
 from .._dialects import Dialect
@@ -34,8 +36,11 @@ logger = logging.getLogger("boundeddb")
 
 
 class AsyncGuard(Protocol):
+    #: The connection the unit's session checked out in this attempt, if it did.
+    connection: PoolProxiedConnection | None
+
     def connecting(self, index: int) -> None: ...
-    def running(self) -> None: ...
+    def connect_failed(self, error: Exception) -> bool: ...
     def committing(self) -> None: ...
     def interrupted(self, error: BaseException) -> Exception | None: ...
     def closing(self) -> None: ...
@@ -72,17 +77,17 @@ async def attempt_async(
     unit: Any,
     index: int,
 ) -> Any:
-    """Run ``unit`` once in a new AsyncSession and transaction; its value, or it raises."""
+    """
+    Run ``unit`` once in a new AsyncSession and transaction; its value, or it raises.
+
+    The session connects at the unit's first statement, as it would in hand-written code (asking
+    for the connection up front costs a greenlet per unit); the guard hears of the checkout from the
+    pool (``pool.HOOKS``), so an error before it is known to have sent nothing.
+    """
     session = sessions()
-    connection: AsyncConnection | None = None
     try:
         transaction = session.sync_session.begin()
         guard.connecting(index)
-        try:
-            connection = await session.connection()
-        except Exception as error:
-            raise ConnectFailed(error) from None
-        guard.running()
         result = unit(session)
         if not inspect.isawaitable(result):
             msg = (
@@ -94,17 +99,17 @@ async def attempt_async(
         try:
             value = await result
         except Exception as error:
-            dialect.note_lost_connection(error, connection)
+            _note_failure(dialect, guard, error)
             raise
         if session.sync_session.get_transaction() is not transaction:
             raise UnitMisuse(ended_transaction_message(index))
         guard.committing()
         try:
-            await session.commit()
+            await session.commit()  # connects here if the unit sent nothing itself
         except Exception as error:
-            dialect.note_lost_connection(error, connection)
+            _note_failure(dialect, guard, error)
             # A failed COMMIT can leave the transaction open on the connection: discard it.
-            await invalidate_async(connection)
+            await invalidate_async(session, guard.connection)
             if dialect.commit_fate_unknown(error):
                 raise CommitUnknown(error) from None
             raise
@@ -117,28 +122,42 @@ async def attempt_async(
     finally:
         guard.closing()
         try:
-            await close_async(session, connection)
+            await close_async(session, guard.connection)
         finally:
             guard.closed()
 
 
-async def close_async(session: AsyncSession, connection: AsyncConnection | None) -> None:
+def _note_failure(dialect: Dialect, guard: AsyncGuard, error: Exception) -> None:
+    """Raise :class:`ConnectFailed` if ``error`` is the session failing to connect; else note a lost one."""
+    connection = guard.connection
+    if connection is None:
+        if guard.connect_failed(error):
+            raise ConnectFailed(error) from None
+    else:
+        dialect.note_lost_connection(error, connection.dbapi_connection)
+
+
+async def close_async(session: AsyncSession, connection: PoolProxiedConnection | None) -> None:
     """Roll back whatever is open and return the connection; invalidate it if that fails."""
     try:
         await session.close()
     except Exception as error:
         logger.warning(_CLOSE_FAILED, type(error).__qualname__)
-        await invalidate_async(connection)
+        await invalidate_async(session, connection)
 
 
-async def invalidate_async(connection: AsyncConnection | None) -> None:
+async def invalidate_async(session: AsyncSession, connection: PoolProxiedConnection | None) -> None:
     """Discard ``connection`` from the pool (SQLAlchemy closes it): not leaked, not reused mid-transaction."""
-    if connection is None:
+    if connection is None or not connection.is_valid:  # never connected, or already discarded
         return
     try:
-        await connection.invalidate()
+        await session.run_sync(_invalidate, connection)
     except Exception as error:  # already closed or gone: nothing left to return
         logger.debug(_INVALIDATE_FAILED, type(error).__qualname__)
+
+
+def _invalidate(_: Session, connection: PoolProxiedConnection) -> None:
+    connection.invalidate()
 
 
 # -- sync: Session, in a worker thread ------------------------------------------------------------------
@@ -164,12 +183,13 @@ def attempt_sync(
             raise ConnectFailed(error) from None
         if timeout is not None and (statement_timeout := dialect.statement_timeout_sql(timeout)):
             connection.exec_driver_sql(statement_timeout)
-        guard.running(connection.connection.dbapi_connection)
+        dbapi_connection = connection.connection.dbapi_connection
+        guard.running(dbapi_connection)
         started = perf_counter()
         try:
             value = unit(session)
         except Exception as error:
-            dialect.note_lost_connection(error, connection)
+            dialect.note_lost_connection(error, dbapi_connection)
             if timeout is not None and not guard.cancelled and dialect.is_statement_timeout(error):
                 raise UnitTimeout(index, timeout) from error
             raise
@@ -189,7 +209,7 @@ def attempt_sync(
         try:
             session.commit()
         except Exception as error:
-            dialect.note_lost_connection(error, connection)
+            dialect.note_lost_connection(error, dbapi_connection)
             # A failed COMMIT can leave the transaction open on the connection: discard it.
             invalidate_sync(connection)
             if dialect.commit_fate_unknown(error):
