@@ -9,6 +9,7 @@ import gc
 import random
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -124,17 +125,29 @@ def two_inserts(run: int, i: int, pauses: tuple[float, float]) -> Any:
     return unit
 
 
+@contextlib.asynccontextmanager
+async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
+    """What reaches the event loop's exception handler meanwhile (the contexts it is given)."""
+    loop = asyncio.get_running_loop()
+    seen: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    try:
+        yield seen
+        for _ in range(3):
+            gc.collect()  # "Future exception was never retrieved" is reported when the future is freed
+            await asyncio.sleep(0.05)
+    finally:
+        loop.set_exception_handler(previous)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "anyio_backend"), REPEATED_CASES, ids=[k for k, _ in REPEATED_CASES])
 async def test_repeated_random_cancellation_leaks_nothing_into_the_loop(
     kit: Kit, admin: Engine, app_name: str
 ) -> None:
     """25 runs cancelled at random: no error reaches the loop's handler, no misuse is invented."""
-    loop = asyncio.get_running_loop()
-    seen: list[dict[str, Any]] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: seen.append(context))
-    try:
+    async with loop_errors() as seen:
         runner = kit.runner(limit=10, retry=RetryPolicy(attempts=3), timeout=5)
         rng = random.Random(2)
         for run in range(REPEATED_RUNS):
@@ -146,11 +159,6 @@ async def test_repeated_random_cancellation_leaks_nothing_into_the_loop(
             assert kit.pool.checkedout() == 0, where
             assert runner.in_flight == 0, where
             assert_no_open_transactions(admin, app_name, where)
-        for _ in range(3):
-            gc.collect()  # "Future exception was never retrieved" is reported when the future is freed
-            await asyncio.sleep(0.05)
-    finally:
-        loop.set_exception_handler(previous)
     assert [c.get("message") for c in seen] == []
     rows = rows_per_unit(admin)
     assert all(count == 2 for count in rows.values()), "half-written units"
@@ -162,10 +170,6 @@ async def test_a_run_cancelled_while_its_connections_open_leaks_nothing_into_the
     kit: Kit, admin: Engine, app_name: str
 ) -> None:
     """Cancelled as asyncpg opens connections (its TLS probe): no stray error, nothing left open."""
-    loop = asyncio.get_running_loop()
-    seen: list[dict[str, Any]] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: seen.append(context))
     runner = kit.runner(limit=4)
     opening = anyio.Event()
 
@@ -174,23 +178,20 @@ async def test_a_run_cancelled_while_its_connections_open_leaks_nothing_into_the
 
     event.listen(kit.engine.sync_engine, "do_connect", on_connect)
     try:
-        for attempt in range(30):
-            await kit.engine.dispose()  # every run opens its connections anew
-            opening = anyio.Event()
-            with anyio.fail_after(30):
-                async with anyio.create_task_group() as group:
-                    group.start_soon(runner.run, [kit.select(i) for i in range(8)])
-                    await opening.wait()  # a connect has begun
-                    for _ in range(attempt % 6):  # let it get as far as the TLS probe (or not)
-                        await anyio.lowlevel.checkpoint()
-                    group.cancel_scope.cancel()
-            assert kit.pool.checkedout() == 0, attempt
-            assert runner.in_flight == 0, attempt
-        for _ in range(3):
-            gc.collect()
-            await asyncio.sleep(0.05)
+        async with loop_errors() as seen:
+            for attempt in range(30):
+                await kit.engine.dispose()  # every run opens its connections anew
+                opening = anyio.Event()
+                with anyio.fail_after(30):
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(runner.run, [kit.select(i) for i in range(8)])
+                        await opening.wait()  # a connect has begun
+                        for _ in range(attempt % 6):  # let it get as far as the TLS probe (or not)
+                            await anyio.lowlevel.checkpoint()
+                        group.cancel_scope.cancel()
+                assert kit.pool.checkedout() == 0, attempt
+                assert runner.in_flight == 0, attempt
     finally:
-        loop.set_exception_handler(previous)
         event.remove(kit.engine.sync_engine, "do_connect", on_connect)
     assert [c.get("message") for c in seen] == []
     assert_no_open_transactions(admin, app_name, "after the cancelled runs")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
@@ -585,3 +585,31 @@ async def test_a_connect_that_fails_is_retried_whatever_retry_on_says(kind: str)
     assert not outcome.commit_unknown
     # The thread runner connects before the unit runs; the async ones at the unit's first statement.
     assert calls == (0 if kind.startswith("threads") else 3)
+
+
+@pytest.mark.postgres
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("kind", "anyio_backend"),
+    [("semaphore", "asyncio"), ("chunked", "asyncio")],
+    ids=["semaphore", "chunked"],
+)
+async def test_an_async_unit_that_sends_nothing_takes_no_connection(kit: Kit) -> None:
+    """An async unit's session connects at its first statement: a unit with none checks nothing out."""
+    checkouts = 0
+
+    def on_checkout(*_: Any) -> None:
+        nonlocal checkouts
+        checkouts += 1
+
+    async def unit(session: AsyncSession) -> int:
+        return 7
+
+    runner = kit.runner(limit=2)
+    event.listen(kit.pool, "checkout", on_checkout)
+    try:
+        report = await runner.run([unit, unit, kit.select(3)])
+    finally:
+        event.remove(kit.pool, "checkout", on_checkout)
+    assert report.values() == [7, 7, 3]
+    assert checkouts == 1, "only the unit that ran a statement"
