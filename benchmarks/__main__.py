@@ -31,6 +31,7 @@ from . import (
     async_unbounded,
     chunked,
     hand_rolled,
+    instructions,
     limit_sweep,
     loop_lag,
     memory,
@@ -54,6 +55,7 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "hand-rolled": hand_rolled.run,
     "raw-asyncpg": raw_asyncpg.run,
     "overhead": overhead.run,
+    "instructions": instructions.run,
     "limit-sweep": limit_sweep.run,
     "loop-lag": loop_lag.run,
     "memory": memory.run,
@@ -70,7 +72,7 @@ THROUGHPUT = (
     "raw-asyncpg",
 )
 #: Scenarios that ``--index`` runs a second time, on the indexed schema.
-INDEX_PASS = (*THROUGHPUT, "overhead")
+INDEX_PASS = (*THROUGHPUT, "overhead", "instructions")
 PACKAGES = (
     "boundeddb", "sqlalchemy", "asyncpg", "psycopg", "psycopg-binary", "psycopg2-binary", "greenlet",
     "anyio", "aiometer", "starlette", "uvicorn", "httpx", "pgserver", "matplotlib", "rich", "psutil",
@@ -118,6 +120,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=overhead.DEFAULT_ROUNDS,
         metavar="K",
         help=f"rounds of the overhead scenario, order alternating (default {overhead.DEFAULT_ROUNDS})",
+    )
+    p.add_argument(
+        "--instructions-pair",
+        action="append",
+        choices=list(overhead.PAIRS),
+        help="pair the instructions scenario counts (repeatable; default: all; ~10 min per pair and schema)",
     )
     p.add_argument("--embedded", action="store_true", help="use an embedded pgserver even if one answers")
     args = p.parse_args(argv)
@@ -235,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             memory_units=args.memory_units,
             loop_lag_requests=args.loop_lag_requests,
             overhead_rounds=args.overhead_rounds,
+            instructions_pairs=tuple(args.instructions_pair or overhead.PAIRS),
             progress=progress,
         )
         try:

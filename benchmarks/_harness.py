@@ -119,7 +119,11 @@ class Context:
     memory_units: int
     loop_lag_requests: int
     overhead_rounds: int = 5
+    #: The overhead pairs the instructions scenario counts.
+    instructions_pairs: tuple[str, ...] = ()
     progress: Progress | None = None
+    #: Whether probes sample pg_stat_activity in a thread (off under callgrind: see instructions.py).
+    sampling: bool = True
     index: bool = False
     results: list[Measurement] = field(default_factory=list)
 
@@ -181,7 +185,8 @@ class Sampler(threading.Thread):
     def finish(self) -> None:
         """Stop, then take one last sample while the scenario's connections are still open."""
         self._stop_event.set()
-        self.join()
+        if self.ident is not None:  # started
+            self.join()
         if self.error is None:
             try:
                 self.sample()
@@ -261,7 +266,8 @@ class Probe:
             self._task = self.ctx.progress.add_task(self.m.label, total=self.m.n)
         self._sampler = Sampler(self.ctx, self.app_name, self)
         self._sampler.sample()
-        self._sampler.start()
+        if self.ctx.sampling:
+            self._sampler.start()
         self._cpu0 = time.process_time()
         self._t0 = time.perf_counter()
         return self

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from . import overhead
+from . import instructions, overhead
 from ._harness import Measurement
 from ._report_loop import INLINE, best_boundeddb, loop_table, ping_paragraph
 
@@ -448,6 +448,9 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
             "GIL contention): below 1 the library spent more client CPU per op.",
             "",
         ]
+    if instr_rows := [m for m in results if m.group == instructions.GROUP]:
+        lines, data["instructions"] = instructions.section(instr_rows)
+        out += lines
     for schema in ("faithful", "index"):
         if not any(m.schema == schema for m in main + over_rows):
             continue
@@ -468,6 +471,7 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         out += ["## Memory", "", *memory_table(mem), ""]
     ratio = data["ratios"].get("faithful") or ratios(main, "faithful")
     data["targets"] = targets(results, ratio, data.get("overhead"))
+    data["targets"] += instructions.targets(data.get("instructions", {}))
     out += ["## Targets (reported, not asserted)", ""]
     out += [f"- {t['status']}: {t['target']} — {t['shown']}" for t in data["targets"]]
     out += ["", "Measured earlier on this machine with hand-written scripts at N=35,000: "]
