@@ -14,6 +14,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
+from ._autolimit import AutoLimit
 from ._errors import (
     BoundedDBError,
     RunFailed,
@@ -35,6 +36,7 @@ except _PackageNotFoundError:  # pragma: no cover - running from a source tree w
     __version__ = "0.0.0"
 
 __all__ = [
+    "AutoLimit",
     "BoundedDBError",
     "ChunkedRunner",
     "Outcome",

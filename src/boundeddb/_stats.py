@@ -47,6 +47,23 @@ class RunStats:
     loop_lag_max_s: float | None = None
     #: Attempts that failed and were tried again under the runner's retry policy.
     retried: int = 0
+    #: The lowest the runner's limit was during the run (the limit itself, for a fixed one).
+    #:
+    #: .. versionadded:: 0.2.0
+    limit_min: int = 0
+    #: The highest the limit was during the run.
+    #:
+    #: .. versionadded:: 0.2.0
+    limit_max: int = 0
+    #: The limit when the run ended.
+    #:
+    #: .. versionadded:: 0.2.0
+    limit_final: int = 0
+    #: ``(seconds since the run started, limit)`` at the start and at each change of the limit
+    #: (``limit="auto"``); at most a few hundred points, thinned evenly on long runs.
+    #:
+    #: .. versionadded:: 0.2.0
+    limit_trace: tuple[tuple[float, int], ...] = ()
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:

@@ -63,6 +63,11 @@ class Limiter:
         return self._limit
 
     @property
+    def target(self) -> int:
+        """Where the limit is going: :attr:`limit` once enough slots have come back."""
+        return self._target
+
+    @property
     def in_flight(self) -> int:
         """Slots held right now."""
         return self._in_flight
@@ -74,7 +79,7 @@ class Limiter:
     def should_yield(self) -> bool:
         """Whether a holder that could go on should give its slot back (someone waits, or over limit)."""
         with self._lock:
-            return len(self._heap) > len(self._gone) or self._in_flight > self._limit
+            return len(self._heap) > len(self._gone) or self._in_flight > self._target
 
     def try_acquire(self, priority: int = 0) -> bool:
         """Take a slot if one is free and nobody of the same or a higher priority waits for it."""

@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 
 from .._outcome import Outcome
+from .adaptive import LimitController
 from .attempts import AttemptFn, Attempts, Retry
 from .limiter import Limiter, Slot
 from .recorder import LoopLag
@@ -163,25 +164,59 @@ class Chunks:
         released.set()
 
 
+#: How often a run with an auto limit has its controller look at the latest latencies (seconds).
+ADJUST_INTERVAL_S = 0.02
+
+
 class _Drive:
     """One run's workers: what each does, and the workers that carry retries."""
 
     def __init__(
-        self, run: Run[Any], executor: Executor[Any], attempts: Attempts, pacer: Pacer, limiter: Limiter
+        self,
+        run: Run[Any],
+        executor: Executor[Any],
+        attempts: Attempts,
+        pacer: Pacer,
+        limiter: Limiter,
+        controller: LimitController | None = None,
     ) -> None:
         self.run = run
         self.executor = executor
         self.attempts = attempts
         self.pacer = pacer
         self.limiter = limiter
+        self.controller = controller
         self.team = executor.team(run)
+        #: Workers alive (retry carriers aside), and whether one found the input exhausted.
+        self.live = 0
+        self.exhausted = False
+
+    async def adjust_forever(self) -> None:
+        """With an auto limit: let the controller move the limit; add workers when it rises."""
+        assert self.controller is not None
+        adjust, limiter, run = self.controller.adjust, self.limiter, self.run
+        while True:
+            await anyio.sleep(ADJUST_INTERVAL_S)
+            adjust()
+            wanted = min(limiter.limit, run.size)
+            while self.live < wanted and not (self.exhausted or run.stopping):
+                self.live += 1  # counted now, so that the next tick does not spawn it again
+                self.team.spawn(self.executor.worker(Slot(limiter, run.priority)), self._grown)
+
+    async def _grown(self, worker: Any) -> None:
+        self.live -= 1  # work() counts itself
+        await self.work(worker)
 
     async def work(self, worker: Any) -> None:
         """A worker's life: take a slot, have units served, give it back, pace; until the input runs out."""
         run, serve, pacer = self.run, self.executor.serve, self.pacer
         slot, window, between = worker.slot, run.window, pacer.between
+        auto, limiter = self.controller is not None, self.limiter
+        self.live += 1
         try:
             while not run.stopping:
+                if auto and self.live > limiter.target:
+                    return  # the limit went down: one worker fewer
                 if window is not None:
                     await window.acquire()
                 waited = perf_counter()
@@ -198,12 +233,14 @@ class _Drive:
                 finally:
                     slot.give()
                 if not served:
+                    self.exhausted = True
                     if window is not None:
                         window.release()
                     return
                 if between is not None:
                     await between()
         finally:
+            self.live -= 1
             pacer.leave()
 
     def _retrier(self, retry: Retry) -> Body[Any]:
@@ -229,6 +266,7 @@ async def drive(
     workers: int,
     *,
     loop_lag: LoopLag | None = None,
+    controller: LimitController | None = None,
 ) -> None:
     """
     Run every unit of ``run`` with ``workers`` workers, beside the loop-lag ticker.
@@ -238,12 +276,14 @@ async def drive(
     ``asyncio.timeout()`` or Ctrl-C in ``run_sync()``, which reach only the caller's task — and
     beyond the reach of a second native cancellation while they clean up.
     """
-    state = _Drive(run, executor, attempts, pacer, limiter)
+    state = _Drive(run, executor, attempts, pacer, limiter, controller)
     team = [executor.worker(Slot(limiter, run.priority)) for _ in range(workers)]
     try:
         async with anyio.create_task_group() as helpers:
             if loop_lag is not None:
                 helpers.start_soon(loop_lag.tick_forever)
+            if controller is not None:
+                helpers.start_soon(state.adjust_forever)
 
             async def work() -> None:
                 try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from array import array
 from time import perf_counter
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 
@@ -135,7 +135,8 @@ class Recorder(NullRecorder):
         """Stop watching the pool (idempotent; also done by :meth:`finish`)."""
         self.watch.close()
 
-    def finish(self) -> RunStats:
+    def finish(self, **limits: Any) -> RunStats:
+        """The run's figures; ``limits`` are its ``limit_*`` fields (see :class:`~boundeddb.RunStats`)."""
         elapsed = perf_counter() - self.started
         self.close()
         ordered = sorted(self.latencies)
@@ -156,4 +157,5 @@ class Recorder(NullRecorder):
             loop_lag_p99_s=lag_p99,
             loop_lag_max_s=lag_max,
             retried=self.retried,
+            **limits,
         )

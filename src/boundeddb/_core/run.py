@@ -105,10 +105,13 @@ class Run(Generic[SinkT]):
         recorder: NullRecorder,
         priority: int = 0,
         window: anyio.Semaphore | None = None,
+        observe: Callable[[float], None] | None = None,
     ) -> None:
         self.sink = sink
         self._put = sink.put
         self.recorder = recorder
+        #: With an auto limit: told the latency of each unit that succeeded (from any thread).
+        self._observe = observe
         self.priority = priority
         #: For streams: pulled but not yet consumed, at most its value (O(limit) memory).
         self.window = window
@@ -195,7 +198,10 @@ class Run(Generic[SinkT]):
         """Record and deliver a unit's outcome; stop starting units if the run must stop (any thread)."""
         self.recorder.unit_finished(outcome)
         error = outcome.error
-        if error is not None and self._stop_on_failure:
+        if error is None:
+            if self._observe is not None:
+                self._observe(outcome.latency_s)
+        elif self._stop_on_failure:
             if isinstance(error, UnitMisuseError) and self.misuse is None:
                 self.misuse = error
             self.stopping = True

@@ -14,6 +14,8 @@ from typing import Any
 
 from sqlalchemy import exc as sa_exc
 
+from .._errors import UnitTimeout
+
 __all__ = ["Dialect", "is_socket_error"]
 
 logger = logging.getLogger("boundeddb")
@@ -52,6 +54,16 @@ class Dialect:
     def is_transient(self, error: BaseException) -> bool:
         """Whether ``error`` is worth a retry in a fresh transaction (see :func:`boundeddb.is_transient`)."""
         return self.is_connection_error(error)
+
+    def is_overload(self, error: BaseException) -> bool:
+        """
+        Whether ``error`` says the database (or the pool) is overloaded, for ``limit="auto"``:
+        a unit or pool timeout, or a transient error that is not a lost connection (a deadlock,
+        a serialization failure, a lock wait timeout).
+        """
+        if isinstance(error, (UnitTimeout, sa_exc.TimeoutError)):
+            return True
+        return self.is_transient(error) and not self.is_connection_error(error)
 
     def commit_fate_unknown(self, error: BaseException) -> bool:
         """Whether ``error``, raised by COMMIT, leaves open whether the transaction committed."""

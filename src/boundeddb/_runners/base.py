@@ -16,6 +16,7 @@ import anyio
 import anyio.lowlevel
 from sqlalchemy.engine import Engine
 
+from .._core.adaptive import LimitController
 from .._core.attempts import Attempts
 from .._core.background import Background
 from .._core.limiter import Limiter
@@ -27,7 +28,7 @@ from .._errors import RunnerBusyElsewhereError, RunnerClosedError, UnitMisuseErr
 from .._executors.pool import watch_pool
 from .._outcome import Outcome, RunReport
 from .._retry import RetryPolicy
-from .checks import check_errors, check_retry, check_timeout, checked_iterable
+from .checks import LimitPlan, check_errors, check_retry, check_timeout, checked_iterable
 
 __all__ = ["BaseRunner"]
 
@@ -42,20 +43,32 @@ class BaseRunner:
         self,
         sessions: Any,
         *,
-        limit: int,
+        limit: int | LimitPlan,
         errors: object,
         retry: object,
         timeout: object,
         engine: Engine,
     ) -> None:
+        plan = limit if isinstance(limit, LimitPlan) else LimitPlan(limit, limit, limit)
         self._sessions = sessions
         self._engine = engine
-        self._limiter = Limiter(limit)
+        self._limiter = Limiter(plan.initial)
+        #: The most the limit can be: what the executor sizes itself for.
+        self._max_limit = plan.high
         self._errors = check_errors(errors)
         self._retry: RetryPolicy = check_retry(retry)
         self._timeout = check_timeout(timeout)
-        self._attempts = Attempts(self._retry)
         self._dialect: Dialect = for_name(engine.dialect.name)
+        self._controller: LimitController | None = None
+        if plan.auto:
+            self._controller = LimitController(
+                self._limiter, low=plan.low, high=plan.high, initial=plan.initial
+            )
+            self._attempts = Attempts(
+                self._retry, overload=self._dialect.is_overload, overloaded=self._controller.overloaded
+            )
+        else:
+            self._attempts = Attempts(self._retry)
         self._executor: Executor[Any] = self._new_executor()
         self._closed = False
         self._loop_token: object = None
@@ -72,7 +85,11 @@ class BaseRunner:
 
     @property
     def limit(self) -> int:
-        """The most units of this runner in flight at once, across all its calls."""
+        """
+        The most units of this runner in flight at once, across all its calls.
+
+        With ``limit="auto"``, where the limit is now: it moves while the runner works.
+        """
         return self._limiter.limit
 
     @property
@@ -151,6 +168,7 @@ class BaseRunner:
         stop_on_failure: bool,
         window: anyio.Semaphore | None = None,
     ) -> Run[SinkT]:
+        controller = self._controller
         return Run(
             units,
             sink,
@@ -158,12 +176,41 @@ class BaseRunner:
             stop_on_failure=stop_on_failure,
             recorder=recorder,
             window=window,
+            observe=None if controller is None else controller.observe,
         )
 
-    async def _drive(self, run: Run[Any], loop_lag: LoopLag | None = None) -> None:
+    async def _drive(self, run: Run[Any], loop_lag: LoopLag | None = None, *, adapt: bool = True) -> None:
         workers = int(min(self._limiter.limit, max(1, run.size)))
         pacer = self._new_pacer(workers)
-        await drive(run, self._executor, self._attempts, pacer, self._limiter, workers, loop_lag=loop_lag)
+        await drive(
+            run,
+            self._executor,
+            self._attempts,
+            pacer,
+            self._limiter,
+            workers,
+            loop_lag=loop_lag,
+            controller=self._controller if adapt else None,
+        )
+
+    def _limits(self, started: float) -> dict[str, Any]:
+        """The ``limit_*`` figures of a run that started at ``started`` (``perf_counter()``)."""
+        if self._controller is None:
+            limit = self._limiter.limit
+            return {
+                "limit_min": limit,
+                "limit_max": limit,
+                "limit_final": limit,
+                "limit_trace": ((0.0, limit),),
+            }
+        trace = self._controller.trace.since(started, self._limiter.limit)
+        values = [n for _, n in trace]
+        return {
+            "limit_min": min(values),
+            "limit_max": max(values),
+            "limit_final": self._limiter.limit,
+            "limit_trace": trace,
+        }
 
     # -- the verbs ------------------------------------------------------------------------------
 
@@ -180,7 +227,7 @@ class BaseRunner:
                 await self._drive(run, loop_lag)
             finally:
                 recorder.close()
-        return run.report(sink.outcomes, recorder.finish())
+        return run.report(sink.outcomes, recorder.finish(**self._limits(recorder.started)))
 
     async def _stream_units(
         self, units: Iterable[Any] | AsyncIterable[Any]
@@ -209,12 +256,14 @@ class BaseRunner:
                 send.close()  # in case the producer was cancelled before it started
                 receive.close()
                 recorder.close()
-        run.raise_for(RunReport(sink.failures, recorder.finish()))
+        run.raise_for(RunReport(sink.failures, recorder.finish(**self._limits(recorder.started))))
 
     async def _submit_unit(self, unit: Any) -> Any:
         self._check_now(unit, 0)
         with self._bound():
             sink = ValueSink()
-            await self._drive(self._new_run([unit], sink, _NULL_RECORDER, stop_on_failure=True))
+            await self._drive(self._new_run([unit], sink, _NULL_RECORDER, stop_on_failure=True), adapt=False)
+            if self._controller is not None:
+                self._controller.adjust()  # no ticker for one unit: look now
         assert sink.outcome is not None
         return sink.outcome.unwrap()

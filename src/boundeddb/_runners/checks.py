@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from typing import Any, Literal
@@ -10,20 +11,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import AssertionPool, Pool, QueuePool, StaticPool
 
+from .._autolimit import AutoLimit, check_positive_int
 from .._retry import NO_RETRY, RetryPolicy
 
 ErrorsMode = Literal["raise", "collect"]
-
-
-def check_positive_int(name: str, value: object, *, hint: str) -> int:
-    """Return ``value`` if it is an int >= 1, else raise an error that names it and the fix."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        msg = f"{name} must be an int >= 1, got {value!r} ({type(value).__name__}): {hint}"
-        raise TypeError(msg)
-    if value < 1:
-        msg = f"{name} must be >= 1, got {value!r}: {hint}"
-        raise ValueError(msg)
-    return value
 
 
 def check_errors(errors: object) -> ErrorsMode:
@@ -100,6 +91,56 @@ def resolve_limit(name: str, limit: object, engine: Engine, runner: str) -> int:
         )
         raise ValueError(msg)
     return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LimitPlan:
+    """A runner's limit: fixed (``low == high == initial``), or moving between ``low`` and ``high``."""
+
+    initial: int
+    low: int
+    high: int
+    auto: bool = False
+
+
+#: Where an auto limit starts unless told (within its bounds).
+AUTO_INITIAL = 4
+
+
+def resolve_limit_or_auto(name: str, limit: object, engine: Engine, runner: str) -> LimitPlan:
+    """:func:`resolve_limit`, also accepting ``"auto"`` and :class:`~boundeddb.AutoLimit`."""
+    if limit == "auto":
+        limit = AutoLimit()
+    if not isinstance(limit, AutoLimit):
+        fixed = resolve_limit(name, limit, engine, runner)
+        return LimitPlan(fixed, fixed, fixed)
+    pool = engine.pool
+    capacity = pool_capacity(pool)
+    if limit.max_limit is None:
+        if capacity is None:
+            msg = (
+                f"{runner}({name}='auto') needs a ceiling: the engine's pool ({type(pool).__name__}) has "
+                f"no fixed capacity. Pass {name}=boundeddb.AutoLimit(max_limit=N), at most what the "
+                "database accepts (for example max_limit=20)."
+            )
+            raise ValueError(msg)
+        high = capacity
+    else:
+        high = resolve_limit("max_limit", limit.max_limit, engine, runner)
+    if limit.min_limit > high:
+        msg = (
+            f"AutoLimit(min_limit={limit.min_limit}) is above the most the limit may reach, {high} "
+            f"(the pool's capacity or max_limit): pass min_limit <= {high}"
+        )
+        raise ValueError(msg)
+    initial = limit.initial if limit.initial is not None else AUTO_INITIAL
+    if limit.initial is not None and initial > high:
+        msg = (
+            f"AutoLimit(initial={initial}) is above the most the limit may reach, {high} "
+            f"(the pool's capacity or max_limit): pass initial <= {high}"
+        )
+        raise ValueError(msg)
+    return LimitPlan(max(limit.min_limit, min(high, initial)), limit.min_limit, high, auto=True)
 
 
 def bound_engine(sessions: Any) -> Engine:

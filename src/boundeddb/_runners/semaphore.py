@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, final
+from typing import Any, Literal, final
 
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
+from .._autolimit import AutoLimit
 from .._retry import RetryPolicy
 from .async_units import AsyncUnitsRunner, check_async_sessions
-from .checks import ErrorsMode, bound_engine, resolve_limit
+from .checks import ErrorsMode, bound_engine, resolve_limit_or_auto
 
 
 @final
@@ -25,7 +26,9 @@ class SemaphoreRunner(AsyncUnitsRunner):
             comes from; it must be bound to one engine.
         limit: Most units in flight at once. Defaults to the pool's capacity
             (``pool_size + max_overflow``); above it is a :class:`ValueError`. Required for pools
-            without a fixed capacity, such as :class:`~sqlalchemy.pool.NullPool`.
+            without a fixed capacity, such as :class:`~sqlalchemy.pool.NullPool`. ``"auto"`` (or a
+            :class:`~boundeddb.AutoLimit`) lets the runner find it and move it while it works
+            (*new in 0.2.0*).
         errors: ``"raise"`` to stop at the first failed unit and raise
             :class:`~boundeddb.RunFailed`, ``"collect"`` to run every unit and report failures
             as outcomes.
@@ -40,7 +43,7 @@ class SemaphoreRunner(AsyncUnitsRunner):
         self,
         sessions: async_sessionmaker[Any],
         *,
-        limit: int | None = None,
+        limit: int | Literal["auto"] | AutoLimit | None = None,
         errors: ErrorsMode = "raise",
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
@@ -49,7 +52,7 @@ class SemaphoreRunner(AsyncUnitsRunner):
         engine = bound_engine(sessions)
         super().__init__(
             sessions,
-            limit=resolve_limit("limit", limit, engine, "SemaphoreRunner"),
+            limit=resolve_limit_or_auto("limit", limit, engine, "SemaphoreRunner"),
             errors=errors,
             retry=retry,
             timeout=timeout,

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from functools import partial
-from typing import Any, final
+from typing import Any, Literal, final
 
 import anyio
 import anyio.lowlevel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
+from .._autolimit import AutoLimit
 from .._executors.threads import ThreadExecutor
 from .._outcome import Outcome, RunReport
 from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
 from .base import BaseRunner
-from .checks import BoundItem, ErrorsMode, bound_engine, resolve_limit, units_of
+from .checks import BoundItem, ErrorsMode, bound_engine, resolve_limit_or_auto, units_of
 
 
 @final
@@ -34,6 +35,8 @@ class ThreadOffloadRunner(BaseRunner):
         sessions: The :class:`~sqlalchemy.orm.sessionmaker` each unit's session comes from
             (psycopg, psycopg2, pysqlite, ...); it must be bound to one engine.
         limit: Most units (threads, connections) in flight at once; defaults to the pool's capacity.
+            ``"auto"`` (or a :class:`~boundeddb.AutoLimit`) lets the runner find it and move it
+            while it works (*new in 0.2.0*).
         errors: ``"raise"`` or ``"collect"``, as for :class:`~boundeddb.SemaphoreRunner`.
         retry: See :class:`~boundeddb.RetryPolicy`.
         timeout: Seconds each unit attempt may take. A thread cannot be killed: on PostgreSQL the
@@ -57,7 +60,7 @@ class ThreadOffloadRunner(BaseRunner):
         self,
         sessions: sessionmaker[Any],
         *,
-        limit: int | None = None,
+        limit: int | Literal["auto"] | AutoLimit | None = None,
         errors: ErrorsMode = "raise",
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
@@ -66,7 +69,7 @@ class ThreadOffloadRunner(BaseRunner):
         engine = bound_engine(sessions)
         super().__init__(
             sessions,
-            limit=resolve_limit("limit", limit, engine, "ThreadOffloadRunner"),
+            limit=resolve_limit_or_auto("limit", limit, engine, "ThreadOffloadRunner"),
             errors=errors,
             retry=retry,
             timeout=timeout,
@@ -111,7 +114,7 @@ class ThreadOffloadRunner(BaseRunner):
             attempts=self._attempts,
             limiter=self._limiter,
             timeout=self._timeout,
-            max_threads=self._limiter.limit,
+            max_threads=self._max_limit,
         )
 
     # -- the public verbs ---------------------------------------------------------------------------

@@ -1,0 +1,71 @@
+"""AutoLimit: the settings of a runner whose limit finds itself (``limit="auto"``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["AutoLimit", "check_positive_int"]
+
+
+def check_positive_int(name: str, value: object, *, hint: str) -> int:
+    """Return ``value`` if it is an int >= 1, else raise an error that names it and the fix."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"{name} must be an int >= 1, got {value!r} ({type(value).__name__}): {hint}"
+        raise TypeError(msg)
+    if value < 1:
+        msg = f"{name} must be >= 1, got {value!r}: {hint}"
+        raise ValueError(msg)
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AutoLimit:
+    """
+    A concurrency limit that the runner moves by itself while it works; ``limit="auto"`` is
+    ``AutoLimit()``.
+
+    The runner measures each unit's latency (from its first statement to its commit) and keeps
+    the limit where more units in flight would only wait longer: it raises the limit while latency
+    stays near the latency measured at low concurrency, lowers it when latency grows with
+    concurrency (the database or the client is saturated), and cuts it by a quarter at once on a
+    sign of overload (a unit timeout, a pool timeout, a deadlock or serialization failure).
+    Every ten seconds it measures the latency at low concurrency again (for one window of units at
+    a limit of 2, or ``min_limit``), so that a database that became slower is not mistaken for
+    overload. See :doc:`/how-to/auto-limit`.
+
+    The limit stays within ``[min_limit, max_limit]``, and never above the pool's capacity; units in
+    flight never exceed the current limit, also while it moves.
+
+    Args:
+        min_limit: The lowest the limit goes (>= 1).
+        max_limit: The highest it goes. Defaults to the pool's capacity (``pool_size +
+            max_overflow``); above it is a :class:`ValueError`. Required for pools without a fixed
+            capacity, such as :class:`~sqlalchemy.pool.NullPool`.
+        initial: Where it starts. Defaults to 4 (within ``[min_limit, max_limit]``).
+
+    .. versionadded:: 0.2.0
+    """
+
+    min_limit: int = 1
+    max_limit: int | None = None
+    initial: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("min_limit", "max_limit", "initial"):
+            value = getattr(self, name)
+            if value is not None or name == "min_limit":
+                check_positive_int(f"AutoLimit({name}=...)", value, hint="a number of units in flight")
+        if self.max_limit is not None and self.max_limit < self.min_limit:
+            msg = (
+                f"AutoLimit(max_limit={self.max_limit}) is below min_limit={self.min_limit}: "
+                "pass max_limit >= min_limit"
+            )
+            raise ValueError(msg)
+        if self.initial is not None and not (
+            self.min_limit <= self.initial <= (self.max_limit or self.initial)
+        ):
+            msg = (
+                f"AutoLimit(initial={self.initial}) is outside [min_limit={self.min_limit}, "
+                f"max_limit={self.max_limit}]: pass an initial limit between the two"
+            )
+            raise ValueError(msg)
