@@ -8,7 +8,7 @@ Each side of each ``overhead`` pair (the same code, the same op sequence) runs i
 under ``valgrind --tool=callgrind`` twice, with ``SMALL`` and ``LARGE`` ops; the difference of the
 two totals divided by ``LARGE - SMALL`` is the instructions one op costs in the client (the
 interpreter, SQLAlchemy, the driver, the runner; start-up and per-run costs cancel out).  Two runs
-of the same side agree within about 0.3%.
+of the same side agree within about 1%.
 
 What it does not see: time in the kernel (the sides make the same system calls per op, counted
 with ``strace -c``) and stalls (cache misses, which only wall-clock rounds show).  Work that depends
@@ -142,8 +142,8 @@ def section(rows: list[Measurement]) -> tuple[list[str], dict[str, Any]]:
         "",
         f"Each side ran in a child process under `valgrind --tool=callgrind`, on {SMALL:,} and on "
         f"{LARGE:,} ops of the same sequence; instructions per op = (total at {LARGE:,} - total at "
-        f"{SMALL:,}) / {LARGE - SMALL:,}, so start-up and per-run costs cancel.  Deterministic within "
-        "about 0.3%, unlike the wall-clock rounds above; blind to kernel time and cache stalls.  Work "
+        f"{SMALL:,}) / {LARGE - SMALL:,}, so start-up and per-run costs cancel.  Repeatable within "
+        "about 1%, unlike the wall-clock rounds above; blind to kernel time and cache stalls.  Work "
         "that depends on wall time (the library's 5 ms loop-lag ticker) is inflated ~50x under "
         "valgrind and counted against the library.",
         "",
