@@ -24,8 +24,8 @@ asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
 def waiting_unit(kit: Kit, i: int) -> Any:
-    """A unit that mostly waits on the server (20 ms): more in flight is better, up to the pool."""
-    sql = text("SELECT pg_sleep(0.02), CAST(:i AS integer)")
+    """A unit that mostly waits on the server (50 ms): more in flight is better, up to the pool."""
+    sql = text("SELECT pg_sleep(0.05), CAST(:i AS integer)")
     if kit.is_async:
 
         async def unit(session: AsyncSession) -> int:
@@ -62,9 +62,9 @@ async def test_units_that_wait_raise_the_limit_towards_the_pool_and_never_past_i
     runner = kit.runner(limit="auto", pool_size=CAPACITY, errors="collect")
     assert runner.limit == 4  # where an auto limit starts
     with sampler:
-        report = await runner.run([waiting_unit(kit, i) for i in range(900)])
+        report = await runner.run([waiting_unit(kit, i) for i in range(600)])
     stats = report.stats
-    assert [o.value for o in report.outcomes] == list(range(900))
+    assert [o.value for o in report.outcomes] == list(range(600))
     assert stats.peak_connections <= CAPACITY
     assert sampler.peak <= CAPACITY
     assert stats.peak_in_flight <= stats.limit_max <= CAPACITY

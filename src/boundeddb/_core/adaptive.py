@@ -71,11 +71,17 @@ class LimitTrace:
             if self._points[-1] != last:
                 self._points.append(last)
 
-    def since(self, start: float, limit: int) -> tuple[tuple[float, int], ...]:
-        """The points at or after ``start`` (a ``perf_counter()`` reading), re-based to it."""
+    def since(self, start: float) -> tuple[tuple[float, int], ...]:
+        """The limit at ``start`` (a ``perf_counter()`` reading) and each change after it, re-based."""
         offset = start - self._start
-        points = [(round(max(0.0, t - offset), 4), n) for t, n in self._points if t >= offset]
-        return tuple([(0.0, limit)] if not points or points[0][0] > 0 else []) + tuple(points)
+        first = self._points[0][1]
+        later: list[tuple[float, int]] = []
+        for t, n in self._points:
+            if t < offset:
+                first = n
+            else:
+                later.append((round(t - offset, 4), n))
+        return ((0.0, first), *later)
 
 
 class LimitController:

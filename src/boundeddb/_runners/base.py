@@ -203,7 +203,7 @@ class BaseRunner:
                 "limit_final": limit,
                 "limit_trace": ((0.0, limit),),
             }
-        trace = self._controller.trace.since(started, self._limiter.limit)
+        trace = self._controller.trace.since(started)
         values = [n for _, n in trace]
         return {
             "limit_min": min(values),
