@@ -23,25 +23,14 @@ every_kind = pytest.mark.parametrize(("kind", "anyio_backend"), AUTO_CASES, ids=
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
-def waiting_unit(kit: Kit, i: int) -> Any:
-    """A unit that mostly waits on the server (50 ms): more in flight is better, up to the pool."""
-    sql = text("SELECT pg_sleep(0.05), CAST(:i AS integer)")
-    if kit.is_async:
-
-        async def unit(session: AsyncSession) -> int:
-            return int((await session.execute(sql, {"i": i})).one()[1])
-
-        return unit
-
-    def sync_unit(session: Session) -> int:
-        return int(session.execute(sql, {"i": i}).one()[1])
-
-    return sync_unit
+#: Mostly waits on the server (50 ms): more in flight is better, up to the pool.
+WAITING = text("SELECT CAST(:i AS integer) FROM pg_sleep(0.05)")
+#: Keeps a server core busy: on 2 cores, more than a few in flight only queue.
+BUSY = text("SELECT count(*) * 0 + CAST(:i AS integer) FROM generate_series(1, 400000)")
 
 
-def busy_unit(kit: Kit, i: int) -> Any:
-    """A unit that keeps a server core busy: on 2 cores, more than a few in flight only queue."""
-    sql = text("SELECT count(*) + CAST(:i AS integer) FROM generate_series(1, 400000)")
+def sql_unit(kit: Kit, sql: Any, i: int) -> Any:
+    """A unit of the kit's shape that runs ``sql`` and returns its one value (``i``)."""
     if kit.is_async:
 
         async def unit(session: AsyncSession) -> int:
@@ -62,7 +51,7 @@ async def test_units_that_wait_raise_the_limit_towards_the_pool_and_never_past_i
     runner = kit.runner(limit="auto", pool_size=CAPACITY, errors="collect")
     assert runner.limit == 4  # where an auto limit starts
     with sampler:
-        report = await runner.run([waiting_unit(kit, i) for i in range(600)])
+        report = await runner.run([sql_unit(kit, WAITING, i) for i in range(600)])
     stats = report.stats
     assert [o.value for o in report.outcomes] == list(range(600))
     assert stats.peak_connections <= CAPACITY
@@ -79,7 +68,7 @@ async def test_units_that_make_the_server_work_keep_the_limit_well_below_the_poo
 ) -> None:
     runner = kit.runner(limit="auto", pool_size=CAPACITY * 2, errors="collect")
     with sampler:
-        report = await runner.run([busy_unit(kit, i) for i in range(400)])
+        report = await runner.run([sql_unit(kit, BUSY, i) for i in range(400)])
     stats = report.stats
     assert stats.failed == 0
     assert sampler.peak <= CAPACITY * 2

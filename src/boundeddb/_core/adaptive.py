@@ -4,7 +4,7 @@ The auto limit's controller: moves a :class:`~.limiter.Limiter`'s limit from wha
 Delay-based, in the manner of TCP Vegas and Netflix's concurrency-limits, with the baseline
 re-measured as Envoy's adaptive concurrency filter does:
 
-- Units report each attempt (:meth:`LimitController.observe`, :meth:`LimitController.overloaded`;
+- Units report each attempt (:meth:`LimitController.observe`, :meth:`LimitController.failed`;
   from any thread, cheap: an append under a lock).
 - On the event loop, :meth:`LimitController.adjust` closes a *window* once it holds at least
   ``max(MIN_SAMPLES, 2 * limit)`` latencies (or :data:`MAX_WINDOW_S` passed with a few): its mean latency
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from time import perf_counter
 
 from .limiter import Limiter
@@ -55,16 +56,14 @@ TRACE_POINTS = 512
 class LimitTrace:
     """(seconds since start, limit) at each change, bounded: thinned by half when full."""
 
-    __slots__ = ("_points", "_start", "high", "low")
+    __slots__ = ("_points", "_start")
 
     def __init__(self, limit: int) -> None:
         self._start = perf_counter()
         self._points: list[tuple[float, int]] = [(0.0, limit)]
-        self.low = self.high = limit
 
     def add(self, limit: int) -> None:
         self._points.append((round(perf_counter() - self._start, 4), limit))
-        self.low, self.high = min(self.low, limit), max(self.high, limit)
         if len(self._points) > TRACE_POINTS:
             last = self._points[-1]
             self._points = self._points[::2]
@@ -87,8 +86,17 @@ class LimitTrace:
 class LimitController:
     """Moves ``limiter``'s limit within ``[low, high]``; see the module docstring."""
 
-    def __init__(self, limiter: Limiter, *, low: int, high: int, initial: int) -> None:
+    def __init__(
+        self,
+        limiter: Limiter,
+        *,
+        low: int,
+        high: int,
+        initial: int,
+        is_overload: Callable[[Exception], bool] = lambda error: False,
+    ) -> None:
         self._limiter = limiter
+        self._is_overload = is_overload
         self.low, self.high = low, high
         self._probe_limit = max(low, min(2, high))
         self._lock = threading.Lock()
@@ -115,9 +123,10 @@ class LimitController:
         with self._lock:
             self._samples.append(latency_s)
 
-    def overloaded(self) -> None:
-        """An attempt failed in a way that says the database (or pool) is overloaded."""
-        self._overloaded = True
+    def failed(self, error: Exception) -> None:
+        """An attempt failed with ``error``: note it if it says the database (or pool) is overloaded."""
+        if self._is_overload(error):
+            self._overloaded = True
 
     # -- on the event loop ----------------------------------------------------------------------------
 
@@ -130,7 +139,7 @@ class LimitController:
                 self._overloaded = False
                 self._samples = []
             self._window_start = now
-            self._set(max(self.low, min(limit - 1, int(limit * BACKOFF))), "overload")
+            self._set(min(limit - 1, int(limit * BACKOFF)), "overload")
             return
         if not self._probing and now >= self._next_probe:
             self._start_probe(limit)
@@ -163,9 +172,9 @@ class LimitController:
         beta = 2 * alpha
         step = max(1, limit // 10)
         if queue < alpha:
-            self._set(min(self.high, limit + step), f"queue {queue:.1f} < {alpha:.1f}")
+            self._set(limit + step, f"queue {queue:.1f} < {alpha:.1f}")
         elif queue > beta:
-            self._set(max(self.low, limit - step), f"queue {queue:.1f} > {beta:.1f}")
+            self._set(limit - step, f"queue {queue:.1f} > {beta:.1f}")
 
     def _start_probe(self, limit: int) -> None:
         self._probing = True
@@ -195,6 +204,7 @@ class LimitController:
         self._set(self._target, "probe done")
 
     def _set(self, limit: int, reason: str) -> None:
+        """Move the limit to ``limit``, within ``[low, high]``."""
         limit = max(self.low, min(self.high, limit))
         old = self._limiter.target
         if limit == old:

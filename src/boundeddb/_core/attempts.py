@@ -87,28 +87,19 @@ AttemptFn = Callable[[WorkerT, Any, int], Awaitable[Any]]
 class Attempts:
     """The retry rule of a runner, applied to each failed attempt."""
 
-    __slots__ = ("_overload", "_retry", "overloaded")
+    __slots__ = ("_failed", "_retry")
 
-    def __init__(
-        self,
-        retry: RetryRule,
-        *,
-        overload: Callable[[Exception], bool] | None = None,
-        overloaded: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, retry: RetryRule, *, failed: Callable[[Exception], None] | None = None) -> None:
         self._retry = retry
-        #: With an auto limit: whether a failure says the database is overloaded, and whom to tell.
-        self._overload = overload
-        self.overloaded = overloaded
+        #: With an auto limit: told each failed attempt's own error (the controller looks for overload).
+        self._failed = failed
 
     def settle(
         self, error: Exception, index: int, attempt: int, latency_s: float, wait_s: float
     ) -> Outcome[Any] | float:
         """The outcome of a failed attempt, or the seconds to wait before the next one."""
-        if self.overloaded is not None and self._overload is not None:
-            inner = error.error if isinstance(error, (ConnectFailed, CommitUnknown)) else error
-            if self._overload(inner):
-                self.overloaded()
+        if self._failed is not None:
+            self._failed(error.error if isinstance(error, (ConnectFailed, CommitUnknown)) else error)
         if isinstance(error, UnitMisuse):
             return Outcome(index, None, error.error, latency_s, wait_s, attempt)
         if isinstance(error, CommitUnknown):

@@ -187,7 +187,8 @@ class _Drive:
         self.limiter = limiter
         self.controller = controller
         self.team = executor.team(run)
-        #: Workers alive (retry carriers aside), and whether one found the input exhausted.
+        #: Workers started and not yet done (retry carriers aside; set by drive()), and whether one
+        #: found the input exhausted.
         self.live = 0
         self.exhausted = False
 
@@ -200,19 +201,14 @@ class _Drive:
             adjust()
             wanted = min(limiter.limit, run.size)
             while self.live < wanted and not (self.exhausted or run.stopping):
-                self.live += 1  # counted now, so that the next tick does not spawn it again
-                self.team.spawn(self.executor.worker(Slot(limiter, run.priority)), self._grown)
-
-    async def _grown(self, worker: Any) -> None:
-        self.live -= 1  # work() counts itself
-        await self.work(worker)
+                self.live += 1
+                self.team.spawn(self.executor.worker(Slot(limiter, run.priority)), self.work)
 
     async def work(self, worker: Any) -> None:
         """A worker's life: take a slot, have units served, give it back, pace; until the input runs out."""
         run, serve, pacer = self.run, self.executor.serve, self.pacer
         slot, window, between = worker.slot, run.window, pacer.between
         auto, limiter = self.controller is not None, self.limiter
-        self.live += 1
         try:
             while not run.stopping:
                 if auto and self.live > limiter.target:
@@ -278,6 +274,7 @@ async def drive(
     """
     state = _Drive(run, executor, attempts, pacer, limiter, controller)
     team = [executor.worker(Slot(limiter, run.priority)) for _ in range(workers)]
+    state.live = workers
     try:
         async with anyio.create_task_group() as helpers:
             if loop_lag is not None:

@@ -62,11 +62,13 @@ class BaseRunner:
         self._controller: LimitController | None = None
         if plan.auto:
             self._controller = LimitController(
-                self._limiter, low=plan.low, high=plan.high, initial=plan.initial
+                self._limiter,
+                low=plan.low,
+                high=plan.high,
+                initial=plan.initial,
+                is_overload=self._dialect.is_overload,
             )
-            self._attempts = Attempts(
-                self._retry, overload=self._dialect.is_overload, overloaded=self._controller.overloaded
-            )
+            self._attempts = Attempts(self._retry, failed=self._controller.failed)
         else:
             self._attempts = Attempts(self._retry)
         self._executor: Executor[Any] = self._new_executor()
