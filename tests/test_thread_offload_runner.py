@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from array import array
 from time import perf_counter
 from typing import Any
@@ -16,6 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from boundeddb import ThreadOffloadRunner
 from boundeddb._stats import percentile
+
+from .kits import StartGate
 
 pytestmark = [pytest.mark.postgres]
 
@@ -121,3 +124,28 @@ def test_with_statement_closes_the_runner(make_sync_engine: Any) -> None:
     with ThreadOffloadRunner(sessionmaker(make_sync_engine("psycopg", pool_size=2))) as runner:
         assert runner.run_sync([lambda s: 1]).values() == [1]
     assert "closed" in repr(runner)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", BACKENDS)
+async def test_a_statement_sent_after_the_cancellation_is_stopped_too(make_sync_engine: Any) -> None:
+    """
+    A cancel request stops only the statement running when it arrives. Units that are busy in
+    Python when their run is cancelled, and send a 60 s statement afterwards, must be stopped too.
+    """
+    engine = make_sync_engine("psycopg", pool_size=2)
+    runner = ThreadOffloadRunner(sessionmaker(engine), limit=2)
+    gate = StartGate(2)
+
+    def unit(session: Session) -> int:
+        session.execute(text("SELECT 1"))
+        gate.arrive(from_thread=True)
+        time.sleep(0.3)  # the unit's own work, in Python: the cancellation arrives meanwhile
+        return int(session.execute(text("SELECT 1 FROM pg_sleep(60)")).scalar_one())
+
+    with anyio.fail_after(20):  # 60 s statements: only a cancellation that reaches them ends this early
+        async with anyio.create_task_group() as group:
+            group.start_soon(runner.run, [unit] * 4)
+            await gate.event.wait()
+            group.cancel_scope.cancel()
+    assert engine.pool.checkedout() == 0

@@ -46,6 +46,9 @@ __all__ = ["Handle", "ThreadExecutor", "ThreadWorker"]
 
 _IDLE, _CONNECTING, _RUNNING, _COMMITTING = range(4)
 
+#: While a cancelled run's units still run statements, how often their cancellation is sent again.
+CANCEL_AGAIN_S = 0.1
+
 
 class Stopped(BaseException):
     """The run was cancelled: the attempt stops here and rolls back (never reaches a unit's caller)."""
@@ -252,10 +255,17 @@ class ThreadTeam:
             helpers.start_soon(all_workers)
 
     async def _cancel_statements(self) -> None:
+        """
+        Stop the statement of every unit still running one, until none is.
+
+        A cancel request stops only the statement running when it reaches the server: one that
+        arrives just before a unit sends its next statement is lost, and that statement would run
+        to its end. So it is sent again while any unit is still running.
+        """
         self._run.stopping = True
-        busy = [dbapi for worker in self._workers if (dbapi := worker.handle.cancel()) is not None]
-        if busy:
+        while busy := [dbapi for worker in self._workers if (dbapi := worker.handle.cancel()) is not None]:
             await anyio.to_thread.run_sync(_cancel_all, self._dialect, busy)
+            await anyio.sleep(CANCEL_AGAIN_S)
 
 
 def _cancel_all(dialect: Dialect, dbapi_connections: list[Any]) -> None:
