@@ -27,7 +27,10 @@ Model = Callable[[int, random.Random], float]
 def simulate(
     model: Model, *, low: int = 1, high: int = 20, initial: int = 4, windows: int = 400, seed: int = 1
 ) -> tuple[LimitController, list[int]]:
-    """Feed the controller one window at a time: ``limit`` latencies from ``model(limit)``."""
+    """
+    Feed the controller one window at a time: ``limit`` latencies from ``model(limit)``; the limit
+    after each window that did not end in a probe (a probe's dip is by design).
+    """
     rng = random.Random(seed)
     limiter = Limiter(initial)
     controller = LimitController(limiter, low=low, high=high, initial=initial)
@@ -40,7 +43,8 @@ def simulate(
         now += max(latencies) * 2  # the window's duration, roughly
         controller.adjust(now)
         assert controller.low <= limiter.limit <= controller.high
-        limits.append(limiter.limit)
+        if not controller.probing:
+            limits.append(limiter.limit)
     return controller, limits
 
 
@@ -75,18 +79,20 @@ def test_the_limit_climbs_to_the_ceiling_while_latency_stays_flat() -> None:
 
 
 def test_the_limit_settles_near_the_knee_when_latency_grows_with_concurrency() -> None:
+    """Beyond the knee latency grows as limit / knee: the limit holds where it is 2-2.5x the base."""
     _, limits = simulate(saturating(knee=5), high=40)
     tail = limits[-100:]
-    assert min(tail) >= 5, tail
-    assert max(tail) <= 12, tail
+    assert min(tail) >= 2 * 5 - 1, tail
+    assert max(tail) <= 2.5 * 5 + 1, tail
     assert max(tail) - min(tail) <= 4  # a band, not a swing
 
 
-def test_mixed_units_do_not_make_it_swing() -> None:
-    _, limits = simulate(mixed(knee=6), high=40, windows=600)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_mixed_units_do_not_make_it_swing(seed: int) -> None:
+    _, limits = simulate(mixed(knee=6), high=40, windows=600, seed=seed)
     tail = limits[-200:]
-    assert min(tail) >= 4, sorted(set(tail))
-    assert max(tail) <= 16, sorted(set(tail))
+    assert min(tail) >= 6, sorted(set(tail))
+    assert max(tail) <= 20, sorted(set(tail))
     changes = sum(1 for a, b in itertools.pairwise(tail) if a != b)
     assert changes < len(tail) // 2
 
@@ -144,11 +150,11 @@ def test_overload_cuts_the_limit_by_a_quarter_and_never_below_the_floor() -> Non
 
 
 def test_the_trace_records_each_change_and_stays_bounded() -> None:
-    controller, limits = simulate(mixed(knee=6), high=40, windows=3000)
+    controller, _ = simulate(mixed(knee=6), high=40, windows=3000)
     points = controller.trace.since(0.0)
     assert len(points) <= 600
-    assert points[-1][1] == limits[-1]
-    assert {n for _, n in points} <= {4, *limits}
+    assert points[-1][1] == controller._limiter.limit
+    assert all(1 <= n <= 40 for _, n in points)
 
 
 class ScriptedController(LimitController):

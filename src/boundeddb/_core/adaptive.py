@@ -7,18 +7,31 @@ re-measured as Envoy's adaptive concurrency filter does:
 - Units report each attempt (:meth:`LimitController.observe`, :meth:`LimitController.failed`;
   from any thread, cheap: an append under a lock).
 - On the event loop, :meth:`LimitController.adjust` closes a *window* once it holds at least
-  ``max(MIN_SAMPLES, 2 * limit)`` latencies (or :data:`MAX_WINDOW_S` passed with a few): its mean latency
-  ``rtt``, smoothed over windows. With ``base`` the latency measured at low concurrency, Little's
-  law gives the units that queue rather than work: ``queue = limit * (1 - base / rtt)``. Below
-  ``alpha`` the limit goes up, above ``beta`` down, in between it stays: a band, so the noise of
-  mixed units (fast reads, slower writes) does not make it swing.
+  ``max(MIN_SAMPLES, 2 * limit)`` latencies (or :data:`MAX_WINDOW_S` passed with a few): its mean
+  latency ``rtt``, smoothed over windows, is compared with ``base``, the latency measured at low
+  concurrency.  While ``rtt < 2 * base`` the limit goes up (by half while ``rtt < 1.5 * base``,
+  else by a tenth), above ``2.5 * base`` it goes down by a tenth, and in between it holds:
+  a band, so the noise of mixed units (fast reads, slower writes) does not make it swing.
+  In the terms of TCP Vegas, the limit rises while fewer than half the units in flight queue
+  (Little's law: ``queue = limit * (1 - base / rtt)``) and falls when more than 60% do.
+  The band is wide on purpose: on a client or server that is busy but not saturated, latency
+  rises well before throughput stops rising, and a tight band (Vegas's few units of queue) gives
+  away throughput that a user who asks for "auto" expects (see the auto-limit how-to).
 - A sign of overload (a timeout, a pool timeout, a deadlock or serialization failure) cuts the
   limit by a quarter at once, at most once per window.
-- ``base`` is measured in a *probe*: for one window the limit drops to the probe limit (2, within
-  the bounds), and the mean latency there becomes ``base``. A probe runs first, and again every
+- ``base`` is measured in a *probe*: for one window the limit drops to the probe limit (a quarter
+  of the limit, at least 2, within the bounds), and the mean latency there becomes ``base``.  A
+  quarter, not 1 or 2: it is low enough that units queue for little (the limit holds where
+  latency is at least twice ``base``), and at a large limit the probe costs less.  Until the first probe,
+  :data:`FIRST_PROBE_S` after the first window, that window's latency at the initial limit is
+  ``base`` (so units that only wait climb from the start); then a probe runs every
   :data:`PROBE_INTERVAL_S`, so that a database that became slower for everyone raises ``base``
-  (it is not overload) and one that became faster lowers it; a smoothed latency below ``base``
-  lowers it at once.
+  (it is not overload) and one that became faster lowers it; it waits while the limit is at its
+  ceiling with latency below the band (it could not move the limit up, and it costs units that
+  mostly wait the most).  A probe also starts at once when a
+  window's latency falls below ``0.75 * base`` (the database got faster: without it, the stale
+  ``base`` would let the limit climb to the ceiling) or stays above ``2.5 * base`` at the probe
+  limit itself (the database got slower for everyone: no lower limit can help).
 
 The limiter never over-grants while the limit moves (see :meth:`~.limiter.Limiter.set_limit`).
 Nothing here imports SQLAlchemy; what counts as overload is the runner's (dialect's) business.
@@ -43,10 +56,20 @@ PROBE_SAMPLES = 32
 #: A window closes after this long if it has at least MIN_WINDOW_SAMPLES latencies.
 MAX_WINDOW_S = 1.0
 MIN_WINDOW_SAMPLES = 3
+#: The lowest probe limit (a probe runs at a quarter of the limit, at least this).
+PROBE_LIMIT = 2
 #: How often the low-concurrency latency is measured again.
 PROBE_INTERVAL_S = 10.0
+#: The first probe, this long after the first window (whose latency, at the initial limit, is the
+#: base until then): a run that starts with units that only wait climbs at once.
+FIRST_PROBE_S = 2.0
 #: Weight of the newest window in the smoothed latency.
 SMOOTHING = 0.5
+#: Latency (smoothed) over the low-concurrency latency: below RISE the limit goes up (by half below
+#: FAST_RISE, else by a tenth), above FALL it goes down by a tenth, in between it holds.
+RISE, FAST_RISE, FALL = 2.0, 1.5, 2.5
+#: A window's mean latency below this times the base one starts a probe at once (a faster database).
+FASTER = 0.75
 #: Cut on overload: the limit times this.
 BACKOFF = 0.75
 #: The most (seconds since start, limit) points a trace keeps; then every other point is dropped.
@@ -98,7 +121,7 @@ class LimitController:
         self._limiter = limiter
         self._is_overload = is_overload
         self.low, self.high = low, high
-        self._probe_limit = max(low, min(2, high))
+        self._probe_limit = self._probe_at(initial)
         self._lock = threading.Lock()
         self._samples: list[float] = []
         self._overloaded = False
@@ -107,14 +130,21 @@ class LimitController:
         self._base: float | None = None
         self._target = initial  # where the limit goes back to after a probe
         self._probing = False
-        self._probe_skip = -1  # latencies still to drop in a probe; -1 while it drains
-        self._next_probe = 0.0  # probe first
+        self._draining = False  # a probe waits for the units in flight to fall to its limit
+        self._skip = 0  # latencies to drop before the next window: of units that started before a change
+        self._at_ease = False  # at the ceiling and below the band: the periodic probe waits
+        self._next_probe = float("inf")  # the first window sets it
         self.trace = LimitTrace(limiter.limit)
 
     @property
     def base_s(self) -> float | None:
         """The latency measured at low concurrency, if measured."""
         return self._base
+
+    @property
+    def probing(self) -> bool:
+        """Whether the limit is down at the probe limit, measuring the base latency."""
+        return self._probing
 
     # -- from the units (any thread) ------------------------------------------------------------------
 
@@ -141,11 +171,11 @@ class LimitController:
             self._window_start = now
             self._set(min(limit - 1, int(limit * BACKOFF)), "overload")
             return
-        if not self._probing and now >= self._next_probe:
+        if not self._probing and now >= self._next_probe and not self._at_ease:
             self._start_probe(limit)
             return
-        if self._probing and self._probe_skip != 0:
-            self._drain_probe(now)
+        if self._draining or self._skip:
+            self._drop_old_samples(now)
             return
         samples = self._samples
         needed = PROBE_SAMPLES if self._probing else max(MIN_SAMPLES, 2 * limit)
@@ -161,39 +191,66 @@ class LimitController:
         if self._probing:
             self._end_probe(mean, now)
             return
+        base = self._base
+        if base is None:  # the first window: a first base, at the initial limit; a probe follows
+            self._base = self._rtt = mean
+            self._next_probe = now + FIRST_PROBE_S
+            return
         rtt = mean if self._rtt is None else SMOOTHING * mean + (1 - SMOOTHING) * self._rtt
         self._rtt = rtt
-        base = self._base
-        assert base is not None  # measured by the first probe
-        if rtt < base:  # faster than at low concurrency: the database got faster
+        ratio = rtt / base if base > 0 else 1.0
+        if mean < FASTER * base or (ratio > FALL and limit <= self._probe_limit):
+            # Faster than at low concurrency, or slow at the concurrency base was measured at:
+            # the database changed for everyone (a neighbour came or went). Measure again now.
+            self._start_probe(limit, "the latency at low concurrency changed")
+            return
+        if rtt < base:
             self._base = base = rtt
-        queue = limit * (1.0 - base / rtt) if rtt > 0 else 0.0
-        alpha = max(1.0, limit / 8)
-        beta = 2 * alpha
-        step = max(1, limit // 10)
-        if queue < alpha:
-            self._set(limit + step, f"queue {queue:.1f} < {alpha:.1f}")
-        elif queue > beta:
-            self._set(limit - step, f"queue {queue:.1f} > {beta:.1f}")
+        # At the ceiling with latency below the band, a probe could only move the limit up (which
+        # it cannot): it waits until latency rises (a slower database) or falls (see above).
+        self._at_ease = limit >= self.high and ratio < RISE
+        if ratio < RISE:
+            step = max(1, limit // (2 if ratio < FAST_RISE else 10))
+            self._move(limit + step, f"latency {ratio:.2f}x the low-concurrency latency < {RISE}x")
+        elif ratio > FALL:
+            self._move(
+                limit - max(1, limit // 10), f"latency {ratio:.2f}x the low-concurrency latency > {FALL}x"
+            )
 
-    def _start_probe(self, limit: int) -> None:
-        self._probing = True
-        self._probe_skip = -1
-        self._target = limit
-        self._set(self._probe_limit, "measuring the latency at low concurrency")
+    def _move(self, limit: int, reason: str) -> None:
+        """Move the limit; the next window leaves out the units in flight now (they ran at the old one)."""
+        if self._set(limit, reason):
+            self._skip = self._limiter.in_flight
 
-    def _drain_probe(self, now: float) -> None:
-        """Drop the latencies of units that started above the probe limit; then of those in flight."""
+    def _drop_old_samples(self, now: float) -> None:
+        """
+        Drop latencies of units that started before the limit changed: all of them while a probe
+        drains (until no more than the probe limit are in flight), then those of the units still
+        in flight (the first ones to finish).
+        """
         with self._lock:
-            if self._probe_skip < 0:
-                if self._limiter.in_flight <= self._probe_limit:
-                    self._probe_skip = self._limiter.in_flight
+            if self._draining:
                 self._samples = []
+                if self._limiter.in_flight <= self._probe_limit:
+                    self._draining = False
+                    self._skip = self._limiter.in_flight
             else:
-                dropped = min(self._probe_skip, len(self._samples))
+                dropped = min(self._skip, len(self._samples))
                 del self._samples[:dropped]
-                self._probe_skip -= dropped
+                self._skip -= dropped
         self._window_start = now
+
+    def _probe_at(self, limit: int) -> int:
+        """The probe limit: a quarter of the limit, at least 2, within the bounds."""
+        return max(self.low, min(self.high, max(PROBE_LIMIT, limit // 4)))
+
+    def _start_probe(self, limit: int, why: str = "due") -> None:
+        self._probing = True
+        self._draining = True
+        self._skip = 0
+        self._target = limit
+        self._probe_limit = self._probe_at(limit)
+        self._set(self._probe_limit, f"measuring the latency at low concurrency: {why}")
 
     def _end_probe(self, mean: float, now: float) -> None:
         self._probing = False
@@ -203,12 +260,13 @@ class LimitController:
         logger.debug("auto limit: latency at low concurrency %.2f ms", mean * 1e3)
         self._set(self._target, "probe done")
 
-    def _set(self, limit: int, reason: str) -> None:
-        """Move the limit to ``limit``, within ``[low, high]``."""
+    def _set(self, limit: int, reason: str) -> bool:
+        """Move the limit to ``limit``, within ``[low, high]``; whether it moved."""
         limit = max(self.low, min(self.high, limit))
         old = self._limiter.target
         if limit == old:
-            return
+            return False
         self._limiter.set_limit(limit)
         self.trace.add(limit)
         logger.debug("auto limit: %d -> %d (%s)", old, limit, reason)
+        return True
