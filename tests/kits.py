@@ -28,6 +28,21 @@ CASES = [
 CASE_IDS = [f"{kind}-{backend}" for kind, backend in CASES]
 
 
+def scalar_unit(is_async: bool, statement: Any, params: dict[str, Any]) -> Callable[[Any], Any]:
+    """A unit (async or sync) that runs ``statement`` with ``params`` and returns its one value as an int."""
+    if is_async:
+
+        async def unit(session: AsyncSession) -> int:
+            return int((await session.execute(statement, params)).scalar_one())
+
+        return unit
+
+    def sync_unit(session: Session) -> int:
+        return int(session.execute(statement, params).scalar_one())
+
+    return sync_unit
+
+
 class Boom(Exception):
     """A unit's own failure."""
 
@@ -110,19 +125,7 @@ class Kit:
 
     def select(self, value: int) -> Callable[[Any], Any]:
         """A unit that asks the server for ``value`` back."""
-        if self.is_async:
-
-            async def unit(session: AsyncSession) -> int:
-                return int(
-                    (await session.execute(text("SELECT CAST(:v AS integer)"), {"v": value})).scalar_one()
-                )
-
-            return unit
-
-        def sync_unit(session: Session) -> int:
-            return int(session.execute(text("SELECT CAST(:v AS integer)"), {"v": value}).scalar_one())
-
-        return sync_unit
+        return scalar_unit(self.is_async, text("SELECT CAST(:v AS integer)"), {"v": value})
 
     def sleep_then_insert(self, i: int, seconds: float, gate: StartGate) -> Callable[[Any], Any]:
         """A unit that inserts row ``i``, reports it started, then sleeps on the server."""

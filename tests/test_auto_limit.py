@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy.orm import sessionmaker
 
 from boundeddb import AutoLimit, ChunkedRunner, SemaphoreRunner, ThreadOffloadRunner
 
 from .conftest import ActivitySampler
-from .kits import CASE_IDS, CASES, Kit
+from .kits import CASE_IDS, CASES, Kit, scalar_unit
 
 AUTO_CASES = [(k, b) for k, b in CASES if k != "chunked"]
 AUTO_IDS = [i for i, (k, _) in zip(CASE_IDS, CASES, strict=False) if k != "chunked"]
@@ -31,17 +31,7 @@ BUSY = text("SELECT count(*) * 0 + CAST(:i AS integer) FROM generate_series(1, 4
 
 def sql_unit(kit: Kit, sql: Any, i: int) -> Any:
     """A unit of the kit's shape that runs ``sql`` and returns its one value (``i``)."""
-    if kit.is_async:
-
-        async def unit(session: AsyncSession) -> int:
-            return int((await session.execute(sql, {"i": i})).scalar_one())
-
-        return unit
-
-    def sync_unit(session: Session) -> int:
-        return int(session.execute(sql, {"i": i}).scalar_one())
-
-    return sync_unit
+    return scalar_unit(kit.is_async, sql, {"i": i})
 
 
 @every_kind
