@@ -28,7 +28,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from . import (
     _charts,
     _report,
+    _report_auto,
     async_unbounded,
+    auto_limit,
     chunked,
     hand_rolled,
     instructions,
@@ -57,6 +59,7 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "overhead": overhead.run,
     "instructions": instructions.run,
     "limit-sweep": limit_sweep.run,
+    "auto-limit": auto_limit.run,
     "loop-lag": loop_lag.run,
     "memory": memory.run,
 }
@@ -72,7 +75,7 @@ THROUGHPUT = (
     "raw-asyncpg",
 )
 #: Scenarios that ``--index`` runs a second time, on the indexed schema.
-INDEX_PASS = (*THROUGHPUT, "overhead", "instructions")
+INDEX_PASS = (*THROUGHPUT, "overhead", "instructions", "limit-sweep", "auto-limit")
 PACKAGES = (
     "boundeddb", "sqlalchemy", "asyncpg", "psycopg", "psycopg-binary", "psycopg2-binary", "greenlet",
     "anyio", "aiometer", "starlette", "uvicorn", "httpx", "pgserver", "matplotlib", "rich", "psutil",
@@ -122,6 +125,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help=f"rounds of the overhead scenario, order alternating (default {overhead.DEFAULT_ROUNDS})",
     )
     p.add_argument(
+        "--auto-rounds",
+        type=int,
+        default=3,
+        metavar="K",
+        help="rounds of the auto-limit scenario's comparisons, order alternating (default 3)",
+    )
+    p.add_argument(
         "--instructions-pair",
         action="append",
         choices=list(overhead.PAIRS),
@@ -136,8 +146,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.memory_units = args.memory_units or default_memory
     args.loop_lag_requests = args.loop_lag_requests or max(200, min(n // 2, LOOP_LAG_REQUESTS_CAP))
     args.scenario = args.scenario or list(SCENARIOS)
-    if args.limit < 1 or n < 2 or args.overhead_rounds < 1:
-        p.error("--limit and --overhead-rounds must be >= 1 and --n >= 2")
+    if args.limit < 1 or n < 2 or args.overhead_rounds < 1 or args.auto_rounds < 1:
+        p.error("--limit, --overhead-rounds and --auto-rounds must be >= 1 and --n >= 2")
     return args
 
 
@@ -179,6 +189,7 @@ def environment(args: argparse.Namespace, db: Database) -> dict[str, Any]:
         "memory_units": args.memory_units,
         "loop_lag_requests": args.loop_lag_requests,
         "overhead_rounds": args.overhead_rounds,
+        "auto_rounds": args.auto_rounds,
         "overhead_n": min(args.n, overhead.MAX_OPS),
         "index": args.index,
         "scenarios": args.scenario,
@@ -243,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             memory_units=args.memory_units,
             loop_lag_requests=args.loop_lag_requests,
             overhead_rounds=args.overhead_rounds,
+            auto_rounds=args.auto_rounds,
             instructions_pairs=tuple(args.instructions_pair or overhead.PAIRS),
             progress=progress,
         )
@@ -255,11 +267,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"could not drop the benchmark schema: {exc}", file=sys.stderr)
     env["suite_wall_s"] = round(time.perf_counter() - started, 1)
     env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    _report.write_json(out / "results.json", env, ctx.results, {})  # kept should the report fail
     text, data = _report.render(env, ctx.results)
     charts = [
         _charts.connections(out / "connections.png", [m for m in ctx.results if m.group == "main"]),
         _charts.sweep(out / "limit_sweep.png", [m for m in ctx.results if m.group == "sweep"]),
         _charts.loop_lag(out / "loop_lag.png", [m for m in ctx.results if m.group == "loop-lag"]),
+        _report_auto.chart(out / "auto_limit.png", [m for m in ctx.results if m.group == "auto"]),
     ]
     (out / "report.md").write_text(text)
     _report.write_json(out / "results.json", env, ctx.results, data)

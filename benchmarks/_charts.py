@@ -35,22 +35,33 @@ def connections(path: Path, rows: list[Measurement]) -> Path | None:
 
 
 def sweep(path: Path, rows: list[Measurement]) -> Path | None:
-    """Throughput and p99 latency against the limit, one line per runner."""
+    """
+    Throughput and p99 latency against the limit, one line per runner and schema; a runner's
+    ``limit="auto"`` run is a star at its time-weighted mean limit.
+    """
     rows = [m for m in rows if not m.error and m.ops_per_s]
     if not rows:
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for scenario in sorted({m.scenario for m in rows}):
-        pts = sorted((m.config["limit"], m) for m in rows if m.scenario == scenario)
+    for scenario, schema in sorted({(m.scenario, m.schema) for m in rows}):
+        mine = [m for m in rows if m.scenario == scenario and m.schema == schema]
+        pts = sorted((m.config["limit"], m) for m in mine if isinstance(m.config.get("limit"), int))
+        name = scenario if schema == "faithful" else f"{scenario} [index]"
+        style = "--" if schema == "index" else "-"
         limits = [lim for lim, _ in pts]
-        left.plot(limits, [m.ops_per_s for _, m in pts], marker="o", label=scenario)
-        right.plot(limits, [(m.p99_s or 0) * 1e3 for _, m in pts], marker="o", label=scenario)
+        line = left.plot(limits, [m.ops_per_s for _, m in pts], style, marker="o", label=name)[0]
+        right.plot(limits, [(m.p99_s or 0) * 1e3 for _, m in pts], style, marker="o", label=name)
+        for m in mine:
+            if m.config.get("limit") == "auto" and m.extra.get("limit_mean"):
+                x, color = m.extra["limit_mean"], line.get_color()
+                left.plot([x], [m.ops_per_s], "*", color=color, markersize=14, label=f"{name} auto")
+                right.plot([x], [(m.p99_s or 0) * 1e3], "*", color=color, markersize=14, label=f"{name} auto")
     for ax, ylabel in ((left, "ops/s"), (right, "p99 unit latency, ms")):
         ax.set_xscale("log")
-        ax.set_xlabel("limit L (connections)")
+        ax.set_xlabel("limit L (connections); a star: limit='auto' at its mean limit")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, which="both")
-        ax.legend()
+        ax.legend(fontsize=7)
     right.set_yscale("log")
     fig.suptitle(f"Limit sweep (N={rows[0].n:,} per point)")
     fig.tight_layout()

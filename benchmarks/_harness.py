@@ -119,6 +119,8 @@ class Context:
     memory_units: int
     loop_lag_requests: int
     overhead_rounds: int = 5
+    #: Rounds of the auto-limit scenario's comparisons.
+    auto_rounds: int = 3
     #: The overhead pairs the instructions scenario counts.
     instructions_pairs: tuple[str, ...] = ()
     progress: Progress | None = None

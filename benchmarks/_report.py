@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from . import instructions, overhead
+from . import _report_auto, instructions, overhead
 from ._harness import Measurement
 from ._report_loop import INLINE, best_boundeddb, loop_table, ping_paragraph
 
@@ -74,12 +74,25 @@ def main_table(rows: list[Measurement]) -> list[str]:
     return _table(header, body)
 
 
+def _sweep_key(m: Measurement) -> tuple[str, str, int]:
+    limit = m.config.get("limit", 0)
+    return (m.schema, m.scenario, limit if isinstance(limit, int) else 1_000_000)
+
+
+def _limit_shown(m: Measurement) -> str:
+    limit = m.config.get("limit", "")
+    mean = m.extra.get("limit_mean")
+    return f"auto (mean {mean:.1f})" if limit == "auto" and mean else str(limit)
+
+
 def sweep_table(rows: list[Measurement]) -> list[str]:
-    header = ["runner", "L", "time, s", "ops/s", "p50, ms", "p99, ms", "peak conns", "server CPU, s", "notes"]
+    header = ["runner", "schema", "L", "time, s", "ops/s", "p50, ms", "p99, ms", "peak conns"]
+    header += ["server CPU, s", "notes"]
     body = [
         [
             m.scenario,
-            str(m.config.get("limit", "")),
+            m.schema,
+            _limit_shown(m),
             _f(m.wall_s),
             _f(m.ops_per_s, digits=0),
             _f(m.p50_s, 1e3),
@@ -88,7 +101,7 @@ def sweep_table(rows: list[Measurement]) -> list[str]:
             _f(m.server_cpu_s),
             _status(m),
         ]
-        for m in sorted(rows, key=lambda m: (m.scenario, m.config.get("limit", 0)))
+        for m in sorted(rows, key=_sweep_key)
     ]
     return _table(header, body)
 
@@ -465,6 +478,9 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         out.append("")
     if sweep := [m for m in results if m.group == "sweep"]:
         out += [f"## Limit sweep (N={sweep[0].n:,} per point)", "", *sweep_table(sweep), ""]
+    if auto_rows := [m for m in results if m.group == "auto"]:
+        lines, data["auto_limit"] = _report_auto.section(auto_rows)
+        out += lines
     if loop := [m for m in results if m.group == "loop-lag"]:
         out += ["## Loop lag under HTTP load", "", *loop_table(loop), "", *ping_paragraph(loop)]
     if mem := [m for m in results if m.group == "memory"]:
@@ -472,6 +488,8 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
     ratio = data["ratios"].get("faithful") or ratios(main, "faithful")
     data["targets"] = targets(results, ratio, data.get("overhead"))
     data["targets"] += instructions.targets(data.get("instructions", {}))
+    if "auto_limit" in data:
+        data["targets"] += _report_auto.targets(data["auto_limit"], env["limit"])
     out += ["## Targets (reported, not asserted)", ""]
     out += [f"- {t['status']}: {t['target']} — {t['shown']}" for t in data["targets"]]
     out += ["", "Measured earlier on this machine with hand-written scripts at N=35,000: "]

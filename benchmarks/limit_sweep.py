@@ -3,7 +3,10 @@
 
 The post picked 40 by feel.  This sweep runs both runners at L = 1, 2, 5, 10, 20, 40, 80 on the
 first ``--sweep-n`` ops of the same sequence, each point on fresh tables, to show where more
-connections stop buying throughput and start buying only latency (and server load).
+connections stop buying throughput and start buying only latency (and server load).  Beside
+them, each runner once with ``limit="auto"`` on a pool of ``--limit`` connections (the chart marks
+it at its time-weighted mean limit; the ``auto-limit`` scenario compares it with the best point in
+rounds).
 """
 
 from __future__ import annotations
@@ -37,3 +40,12 @@ def run(ctx: Context) -> None:
         asyncio.run(
             threads.measure(ctx, limit, ops, driver="psycopg", group="sweep", label=f"threads L={limit}")
         )
+    auto = "auto"
+    asyncio.run(
+        semaphore.measure(ctx, auto, ops, group="sweep", label="semaphore L=auto", capacity=ctx.limit)
+    )
+    asyncio.run(
+        threads.measure(
+            ctx, auto, ops, driver="psycopg", group="sweep", label="threads L=auto", capacity=ctx.limit
+        )
+    )

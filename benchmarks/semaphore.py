@@ -8,6 +8,9 @@ sliding window starts the next unit as soon as any finishes, so L connections st
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
@@ -22,22 +25,50 @@ def run(ctx: Context) -> None:
     asyncio.run(measure(ctx, ctx.limit, ctx.ops))
 
 
-async def measure(
-    ctx: Context, limit: int, ops: list[Op], *, group: str = "main", label: str | None = None
-) -> None:
-    """Run ``ops`` through a SemaphoreRunner of ``limit`` on fresh tables."""
-    ctx.reset()
-    label = label or f"semaphore (L={limit})"
+@contextlib.asynccontextmanager
+async def probed_runner(
+    ctx: Context,
+    limit: int | Literal["auto"],
+    label: str,
+    *,
+    total: int,
+    group: str,
+    capacity: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> AsyncIterator[tuple[SemaphoreRunner, Probe]]:
+    """
+    A SemaphoreRunner of ``limit`` on an asyncpg pool of ``capacity`` connections (default: the
+    limit; ``limit="auto"`` needs it), under a Probe; the engine is disposed of afterwards.
+    """
     app = ctx.app_name(label)
-    engine = ctx.db.async_engine(app, pool_size=limit)
+    pool_size = capacity or int(limit)
+    engine = ctx.db.async_engine(app, pool_size=pool_size)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": "asyncpg", "limit": limit, "pool_size": limit, "max_overflow": 0}
+    config = {"driver": "asyncpg", "limit": limit, "pool_size": pool_size, "max_overflow": 0, **(extra or {})}
     try:
         async with (
             SemaphoreRunner(sessions, limit=limit, errors="collect") as runner,
-            Probe(ctx, "semaphore", label, total=len(ops), app_name=app, group=group, config=config) as p,
+            Probe(ctx, "semaphore", label, total=total, app_name=app, group=group, config=config) as p,
         ):
-            units = [async_unit(op, p.tick) for op in ops]
-            record(p, await runner.run(units))
+            yield runner, p
     finally:
         await engine.dispose()
+
+
+async def measure(
+    ctx: Context,
+    limit: int | Literal["auto"],
+    ops: list[Op],
+    *,
+    group: str = "main",
+    label: str | None = None,
+    capacity: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Run ``ops`` through a SemaphoreRunner of ``limit`` on fresh tables (see :func:`probed_runner`)."""
+    ctx.reset()
+    label = label or f"semaphore (L={limit})"
+    cm = probed_runner(ctx, limit, label, total=len(ops), group=group, capacity=capacity, extra=extra)
+    async with cm as (runner, p):
+        units = [async_unit(op, p.tick) for op in ops]
+        record(p, await runner.run(units))

@@ -12,7 +12,7 @@ scenario.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,29 +32,41 @@ def run_psycopg2(ctx: Context) -> None:
 
 
 def _setup(
-    ctx: Context, limit: int, driver: str, label: str | None, default: str
+    ctx: Context,
+    limit: int | Literal["auto"],
+    driver: str,
+    label: str | None,
+    default: str,
+    capacity: int | None = None,
 ) -> tuple[str, str, str, Any, sessionmaker[Session], dict[str, Any]]:
     ctx.reset()
     scenario = "threads" if driver == "psycopg" else f"threads-{driver}"
     label = label or f"{scenario}{default} (L={limit})"
     app = ctx.app_name(label)
-    engine = ctx.db.sync_engine(app, pool_size=limit, driver=driver)
+    pool_size = capacity or int(limit)
+    engine = ctx.db.sync_engine(app, pool_size=pool_size, driver=driver)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": driver, "limit": limit, "pool_size": limit, "max_overflow": 0}
+    config = {"driver": driver, "limit": limit, "pool_size": pool_size, "max_overflow": 0}
     return scenario, label, app, engine, sessions, config
 
 
 async def measure(
     ctx: Context,
-    limit: int,
+    limit: int | Literal["auto"],
     ops: list[Op],
     *,
     driver: str,
     group: str = "main",
     label: str | None = None,
+    capacity: int | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """Run ``ops`` through ``await ThreadOffloadRunner(limit).run`` on fresh tables."""
-    scenario, label, app, engine, sessions, config = _setup(ctx, limit, driver, label, "")
+    """
+    Run ``ops`` through ``await ThreadOffloadRunner(limit).run`` on fresh tables, on a pool of
+    ``capacity`` connections (default: the limit; ``limit="auto"`` needs it).
+    """
+    scenario, label, app, engine, sessions, config = _setup(ctx, limit, driver, label, "", capacity)
+    config.update(extra or {})
     try:
         async with (
             ThreadOffloadRunner(sessions, limit=limit, errors="collect") as runner,

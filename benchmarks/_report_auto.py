@@ -1,0 +1,215 @@
+"""The report's "Auto limit" section, its goals, and the neighbour chart (see :mod:`.auto_limit`)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+
+from . import auto_limit as al
+from ._harness import Measurement
+
+#: auto >= this fraction of the best fixed limit's ops/s (median of the rounds).
+TARGET_RATIO = 0.95
+#: Under the neighbour: auto's p99 <= this times L=C's, at >= NEIGHBOUR_OPS of its ops/s.
+NEIGHBOUR_P99, NEIGHBOUR_OPS = 0.5, 0.9
+#: After the neighbour stops, the limit is back within one overload cut of where it was, within this.
+RECOVERY_S = 10.0
+
+
+def _ok(rows: list[Measurement]) -> list[Measurement]:
+    return [m for m in rows if not m.error and m.ops_per_s]
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _ratios(rows: list[Measurement], part: str, runner: str, schema: str, other: int) -> list[float]:
+    """Per round: auto ops/s / ops/s at the fixed limit ``other``."""
+    out = []
+    mine = [m for m in rows if m.config.get("part") == part and m.config.get("runner") == runner]
+    for k in sorted({m.config["round"] for m in mine}):
+        side = {m.config["limit"]: m for m in mine if m.config["round"] == k and m.schema == schema}
+        a, b = side.get("auto"), side.get(other)
+        if a and b and a.ops_per_s and b.ops_per_s:
+            out.append(a.ops_per_s / b.ops_per_s)
+    return out
+
+
+def _median(rows: list[Measurement], key: str) -> float | None:
+    values = [getattr(m, key) if hasattr(m, key) else m.extra.get(key) for m in rows]
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def comparisons(rows: list[Measurement]) -> list[dict[str, Any]]:
+    """One entry per (part, runner, schema, fixed limit compared with)."""
+    out = []
+    rows = [m for m in rows if m.config.get("part") in ("vs-best", "latency-bound")]
+    keys = sorted({(m.config["part"], m.config["runner"], m.schema) for m in rows})
+    for part, runner, schema in keys:
+        mine = [m for m in rows if (m.config["part"], m.config["runner"], m.schema) == (part, runner, schema)]
+        fixed = sorted({m.config["limit"] for m in mine if m.config["limit"] != "auto"}, reverse=True)
+        auto = [m for m in mine if m.config["limit"] == "auto"]
+        for other in fixed:
+            ratios = _ratios(rows, part, runner, schema, other)
+            rest = [m for m in mine if m.config["limit"] == other]
+            out.append(
+                {
+                    "part": part,
+                    "runner": runner,
+                    "schema": schema,
+                    "fixed": other,
+                    "goal": other == mine[0].config["best"],  # the sweep's best; C when latency-bound
+                    "ratios": [round(r, 3) for r in ratios],
+                    "median": statistics.median(ratios) if ratios else None,
+                    "auto_ops": _median(auto, "ops_per_s"),
+                    "fixed_ops": _median(rest, "ops_per_s"),
+                    "auto_p99_ms": (_median(auto, "p99_s") or 0) * 1e3,
+                    "fixed_p99_ms": (_median(rest, "p99_s") or 0) * 1e3,
+                    "auto_limit_mean": _median(auto, "limit_mean"),
+                }
+            )
+    return out
+
+
+def neighbour_summary(rows: list[Measurement]) -> dict[str, Any]:
+    out: dict[str, Any] = {"sides": {}}
+    for m in rows:
+        side: dict[str, Any] = {"limit": m.config["limit"]}
+        for name, figures in m.extra.get("phases", {}).items():
+            side[f"{name}_ops"], side[f"{name}_p99_ms"] = figures["ops_s"], figures["p99_ms"]
+        limits = m.extra.get("limits", [])
+        before = [n for t, n in limits if al.NEIGHBOUR_START_S / 2 <= t < al.NEIGHBOUR_START_S]
+        during = [n for t, n in limits if al.NEIGHBOUR_START_S <= t < al.NEIGHBOUR_STOP_S]
+        side["limit_before"] = statistics.median(before) if before else None
+        side["limit_during"] = statistics.median(during) if during else None
+        if m.config["limit"] == "auto" and before:
+            floor = 0.75 * statistics.median(before)
+            back = next((t for t, n in limits if t >= al.NEIGHBOUR_STOP_S and n >= floor), None)
+            side["recovery_s"] = None if back is None else round(back - al.NEIGHBOUR_STOP_S, 2)
+        out["sides"][str(m.config["limit"])] = side
+    return out
+
+
+def section(rows: list[Measurement]) -> tuple[list[str], dict[str, Any]]:
+    rows = _ok(rows)
+    data: dict[str, Any] = {"comparisons": comparisons(rows)}
+    lines = ["## Auto limit", ""]
+    if data["comparisons"]:
+        lines += [
+            "| part | runner | schema | fixed L | auto / fixed ops/s per round | median | auto ops/s | fixed "
+            "ops/s | auto p99, ms | fixed p99, ms | auto mean limit |",
+            "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for c in data["comparisons"]:
+            lines.append(
+                f"| {c['part']} | {c['runner']} | {c['schema']} | {c['fixed']} | "
+                f"{', '.join(f'{r:.3f}' for r in c['ratios'])} | {_f(c['median'], 3)} | "
+                f"{_f(c['auto_ops'], 0)} | "
+                f"{_f(c['fixed_ops'], 0)} | {_f(c['auto_p99_ms'], 1)} | {_f(c['fixed_p99_ms'], 1)} | "
+                f"{_f(c['auto_limit_mean'], 1)} |"
+            )
+        lines += [
+            "",
+            "vs-best: the fixed limit is this pass's sweep's best (ops/s); auto runs on a pool of --limit "
+            "connections.  latency-bound: units of pg_sleep(0.02) and a one-row insert, where the pool's "
+            "capacity is the best fixed limit.  Rounds alternate which side runs first.",
+            "",
+        ]
+    if nb := [m for m in rows if m.config.get("part") == "neighbour"]:
+        data["neighbour"] = summary = neighbour_summary(nb)
+        phases = ", ".join(f"{name}: {a:.0f}-{b:.0f} s" for name, (a, b) in al.PHASES.items())
+        lines += [
+            f"Neighbour: a second process with {al.NEIGHBOUR_CONNECTIONS} connections hammers the server "
+            "from "
+            f"{al.NEIGHBOUR_START_S:.0f} s to {al.NEIGHBOUR_STOP_S:.0f} s of a {al.NEIGHBOUR_TOTAL_S:.0f} s "
+            "stream (indexed schema); ops/s and unit p99 of the units that finished in each phase "
+            f"({phases}); the limit's median per phase, and how soon after the neighbour stopped auto's "
+            "limit was back at 0.75x its median before (one overload cut):",
+            "",
+            "| L | before ops/s | p99, ms | during ops/s | p99, ms | after ops/s | p99, ms | limit before | "
+            "limit during | back up after |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name, s in summary["sides"].items():
+            back = (
+                "-"
+                if "recovery_s" not in s
+                else (f"{s['recovery_s']} s" if s["recovery_s"] is not None else "no")
+            )
+            lines.append(
+                f"| {name} | {_f(s['before_ops'], 0)} | {_f(s['before_p99_ms'], 1)} | "
+                f"{_f(s['during_ops'], 0)} | "
+                f"{_f(s['during_p99_ms'], 1)} | {_f(s['after_ops'], 0)} | {_f(s['after_p99_ms'], 1)} | "
+                f"{_f(s['limit_before'], 0)} | {_f(s['limit_during'], 0)} | {back} |"
+            )
+        lines += ["", "Chart: auto_limit.png (ops/s, unit p99 and the limit, per second).", ""]
+    return lines, data
+
+
+def targets(data: dict[str, Any], capacity: int) -> list[dict[str, Any]]:
+    out = []
+    for c in data.get("comparisons", []):
+        if not c["goal"]:
+            continue
+        v = c["median"]
+        what = f"{c['part']} {c['runner']} {c['schema']}"
+        name = f"auto-limit: auto >= {TARGET_RATIO} of the best fixed limit: {what}"
+        shown = f"{_f(v, 3)} (median of {len(c['ratios'])} rounds, against L={c['fixed']})"
+        status = "n/a" if v is None else ("PASS" if v >= TARGET_RATIO else "MISS")
+        out.append({"target": name, "value": v, "status": status, "shown": shown})
+    sides = data.get("neighbour", {}).get("sides", {})
+    auto, fixed = sides.get("auto"), sides.get(str(capacity))
+    name = (
+        f"auto-limit: neighbour: auto p99 <= {NEIGHBOUR_P99} x L={capacity}'s "
+        f"at >= {NEIGHBOUR_OPS} of its ops/s"
+    )
+    if auto and fixed and auto["during_p99_ms"] and fixed["during_p99_ms"] and fixed["during_ops"]:
+        p99 = auto["during_p99_ms"] / fixed["during_p99_ms"]
+        ops = (auto["during_ops"] or 0) / fixed["during_ops"]
+        ok = p99 <= NEIGHBOUR_P99 and ops >= NEIGHBOUR_OPS
+        shown = f"p99 {p99:.2f}x, ops/s {ops:.2f}x of L={capacity}'s while the neighbour ran"
+        out.append({"target": name, "value": p99, "status": "PASS" if ok else "MISS", "shown": shown})
+    else:
+        out.append({"target": name, "value": None, "status": "n/a", "shown": "-"})
+    back = auto.get("recovery_s") if auto else None
+    name = f"auto-limit: the limit is back up within {RECOVERY_S:.0f} s after the neighbour stops"
+    status = "n/a" if not auto else ("PASS" if back is not None and back <= RECOVERY_S else "MISS")
+    shown = "-" if not auto else (f"{back} s" if back is not None else "not within the run")
+    out.append({"target": name, "value": back, "status": status, "shown": shown})
+    return out
+
+
+def chart(path: Path, rows: list[Measurement]) -> Path | None:
+    """The neighbour runs: ops/s, unit p99 and the limit per second, the neighbour's time shaded."""
+    rows = [m for m in _ok(rows) if m.config.get("part") == "neighbour" and m.extra.get("series")]
+    if not rows:
+        return None
+    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    for m in rows:
+        name = f"L={m.config['limit']}"
+        t = [s["t"] + 0.5 for s in m.extra["series"]]
+        axes[0].plot(t, [s["ops"] for s in m.extra["series"]], label=name)
+        axes[1].plot(t, [s["p99_ms"] for s in m.extra["series"]], label=name)
+        limits = m.extra.get("limits", [])
+        axes[2].step([x for x, _ in limits], [n for _, n in limits], where="post", label=name)
+    for ax, ylabel in zip(axes, ("ops/s", "unit p99 per second, ms", "limit (every 100 ms)"), strict=True):
+        ax.axvspan(al.NEIGHBOUR_START_S, al.NEIGHBOUR_STOP_S, color="grey", alpha=0.15)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper right")
+    axes[1].set_yscale("log")
+    axes[2].set_xlabel("seconds since the stream started (shaded: the neighbour runs)")
+    fig.suptitle("limit='auto' against fixed limits while a neighbour loads the server")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
