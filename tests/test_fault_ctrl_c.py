@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from boundeddb.testing import driver_url
@@ -26,9 +27,13 @@ pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("collect_garbage")]
 
 
 CHILD = """
+import faulthandler
 import os
+import signal
 import sys
 import threading
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a hang
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import sessionmaker
@@ -64,6 +69,15 @@ except KeyboardInterrupt:
     raise
 print("finished without an interrupt", flush=True)
 """
+
+
+def backend_states(admin: Engine, app: str) -> list[tuple[str, str]]:
+    """(state, query) of each backend of ``app``."""
+    with admin.connect() as connection:
+        rows = connection.execute(
+            text("SELECT state, query FROM pg_stat_activity WHERE application_name = :app"), {"app": app}
+        )
+        return [(str(state), str(query)) for state, query in rows]
 
 
 def read_lines(stream: Any, lines: queue.Queue[str]) -> None:
@@ -103,6 +117,7 @@ def test_ctrl_c_stops_run_sync_promptly_and_leaves_no_backend(
     reader.start()
     took = 0.0
     gone = False
+    hung_backends: list[tuple[str, str]] = []
     try:
         first = next_line(lines, 30)
         if first == "started":
@@ -112,6 +127,11 @@ def test_ctrl_c_stops_run_sync_promptly_and_leaves_no_backend(
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=10)
             took = time.monotonic() - interrupted
+            if child.poll() is None:  # stuck: what the server and the child's threads were doing
+                hung_backends = backend_states(admin, app)
+                child.send_signal(signal.SIGUSR1)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=2)
             # pg_sleep(30) does not notice a vanished client: only a real cancel stops it before 30 s.
             gone = child.poll() is not None and eventually(lambda: backends(admin, app) == 0, 10)
     finally:
@@ -127,7 +147,8 @@ def test_ctrl_c_stops_run_sync_promptly_and_leaves_no_backend(
         terminate_backends(admin, app)  # a killed child leaves its pg_sleep(30) running
     assert first == "started", f"the child did not start its units: {first!r}, {stderr[-2000:]}"
     assert child.returncode != -signal.SIGKILL, (
-        f"the child was still running {took:.0f} s after SIGINT: the statements were not cancelled"
+        f"the child was still running {took:.0f} s after SIGINT: the statements were not cancelled; "
+        f"its backends (state, query): {hung_backends}; its threads:\n{stderr[-6000:]}"
     )
     assert took < 5, f"the child took {took:.1f} s to exit after SIGINT"
     assert child.returncode == -signal.SIGINT, (child.returncode, stderr[-2000:])

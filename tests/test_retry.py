@@ -530,6 +530,35 @@ def test_a_lost_connection_is_transient_whatever_the_message(
         doomed.invalidate()  # as the runner does with a lost connection
 
 
+def wrapped(orig: Exception, context: BaseException | None = None) -> sa_exc.OperationalError:
+    """``orig`` as SQLAlchemy raises it, raised while ``context`` was being handled."""
+    error = sa_exc.OperationalError("ROLLBACK", None, orig)
+    error.__context__ = context
+    return error
+
+
+def test_an_error_raised_while_handling_a_lost_connection_is_a_lost_connection() -> None:
+    """
+    Seen in the kill storm (psycopg, threads): the INSERT fails with "connection socket closed"
+    before psycopg marks the connection closed, and the rollback SQLAlchemy attempts in flush()
+    fails with "another command is already in progress" — the error the unit raises. The driver's
+    own exception classes; the race between a kill and the driver's flags cannot be staged.
+    """
+    import psycopg
+
+    socket_closed = wrapped(psycopg.OperationalError("connection socket closed"))
+    in_progress = psycopg.OperationalError("sending query failed: another command is already in progress")
+    assert is_transient(socket_closed)
+    assert is_transient(wrapped(in_progress, socket_closed))
+    assert not is_transient(wrapped(in_progress)), "alone, it says nothing of the connection"
+    # Only driver errors pass it on: a unit's own exception raised while handling one stays its own.
+    own = Boom()
+    own.__context__ = socket_closed
+    assert not is_transient(own)
+    # A driver error raised while handling a unit's own exception is judged on its own.
+    assert not is_transient(wrapped(in_progress, Boom()))
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize(("kind", "anyio_backend"), CASES, ids=CASE_IDS)
 async def test_a_connect_that_fails_is_retried_whatever_retry_on_says(kind: str) -> None:

@@ -20,6 +20,9 @@ __all__ = ["Dialect", "is_socket_error"]
 
 logger = logging.getLogger("boundeddb")
 
+#: How many driver errors back, each raised while handling the one before, a lost connection is looked for.
+_CONTEXT_DEPTH = 3
+
 
 def is_socket_error(error: BaseException | None) -> bool:
     """
@@ -39,13 +42,26 @@ class Dialect:
     # -- what an error means -------------------------------------------------------------------
 
     def is_connection_error(self, error: BaseException) -> bool:
-        """Whether ``error`` says the connection to the server was lost, refused or invalidated."""
-        if isinstance(error, sa_exc.DBAPIError):
-            if error.connection_invalidated:
+        """
+        Whether ``error`` says the connection to the server was lost, refused or invalidated.
+
+        A driver error raised while a lost connection was being handled (its ``__context__``) is
+        one too: after a lost socket, the rollback SQLAlchemy attempts can fail with words of its
+        own (psycopg's "another command is already in progress"), and that error is the one raised.
+        """
+        if not isinstance(error, sa_exc.DBAPIError):
+            return is_socket_error(error)
+        candidate: BaseException | None = error
+        for _ in range(_CONTEXT_DEPTH):
+            if not isinstance(candidate, sa_exc.DBAPIError):
+                return False
+            if candidate.connection_invalidated:
                 return True
-            orig = error.orig
-            return orig is not None and self._is_lost(orig)
-        return is_socket_error(error)
+            orig = candidate.orig
+            if orig is not None and self._is_lost(orig):
+                return True
+            candidate = candidate.__context__
+        return False
 
     def _is_lost(self, orig: BaseException) -> bool:
         """Whether a driver's own exception says the connection is gone."""

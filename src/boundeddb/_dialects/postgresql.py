@@ -28,6 +28,8 @@ _SHUTDOWN_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
 _CONNECTION_EXCEPTION_CLASS = "08"
 #: query_canceled: PostgreSQL's answer to statement_timeout (and to a cancel request).
 QUERY_CANCELED = "57014"
+#: psycopg 3's message for a connection whose socket is gone (``psycopg/waiting.py``).
+_PSYCOPG_SOCKET_CLOSED = "connection socket closed"
 
 
 def sqlstate(error: BaseException | None) -> str | None:
@@ -51,6 +53,10 @@ class PostgreSQL(Dialect):
         code = sqlstate(orig)
         if code is not None:
             return code.startswith(_CONNECTION_EXCEPTION_CLASS) or code in _SHUTDOWN_SQLSTATES
+        # psycopg 3's words when its socket is gone (its C wait raises them with no OSError cause,
+        # and SQLAlchemy goes by the connection's closed/broken flags, which may not be set yet).
+        if str(orig) == _PSYCOPG_SOCKET_CLOSED:
+            return True
         return super()._is_lost(orig)
 
     def is_transient(self, error: BaseException) -> bool:
