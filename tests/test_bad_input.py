@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool, Pool, StaticPool
 
 from boundeddb import (
+    AutoLimit,
     ChunkedRunner,
     RetryPolicy,
     RunnerClosedError,
@@ -299,6 +300,92 @@ def test_retry_must_be_a_retry_policy(build: Builder, runner: str, retry: object
     )
     with pytest.raises(TypeError, match=exactly(message)):
         build.runner(runner, retry=retry)
+    build.assert_untouched()
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("reserve", ["1", 1.0, True], ids=["str", "float", "bool"])
+def test_reserve_must_be_an_int(build: Builder, runner: str, reserve: object) -> None:
+    """reserve="1" is a TypeError naming it and what it is for."""
+    message = (
+        f"reserve must be an int >= 0, got {reserve!r} ({type(reserve).__name__}): pass how many "
+        "of the limit's slots only calls with priority > 0 may use, e.g. reserve=1"
+    )
+    with pytest.raises(TypeError, match=exactly(message)):
+        build.runner(runner, reserve=reserve)
+    build.assert_untouched()
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_negative_reserve_is_a_value_error(build: Builder, runner: str) -> None:
+    message = "reserve must be >= 0, got -1: pass 0 for no reserve, or e.g. reserve=1"
+    with pytest.raises(ValueError, match=exactly(message)):
+        build.runner(runner, reserve=-1)
+    build.assert_untouched()
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("reserve", [5, 6])
+def test_a_reserve_as_large_as_the_limit_is_refused(build: Builder, runner: str, reserve: int) -> None:
+    """reserve >= limit would leave priority-0 work no slot: a ValueError naming both numbers."""
+    name = limit_name(runner)
+    message = (
+        f"reserve={reserve} must be less than {name}=5: priority-0 work would never get a slot. "
+        f"Pass reserve <= 4, or a larger {name}."
+    )
+    with pytest.raises(ValueError, match=exactly(message)):
+        build.runner(runner, **{name: 5}, reserve=reserve)
+    assert build.runner(runner, **{name: 5}, reserve=4).statistics().reserve == 4
+    build.assert_untouched()
+
+
+@pytest.mark.parametrize("runner", DEFAULT_LIMIT_RUNNERS)
+def test_an_auto_limit_needs_room_for_its_reserve(build: Builder, runner: str) -> None:
+    """With limit="auto" the reserve sits on top of what moves: min_limit + reserve must fit the ceiling."""
+    message = (
+        "reserve=4 leaves priority-0 work fewer than min_limit=2 slots under the auto limit's ceiling of 5 "
+        "(the pool's capacity or max_limit): pass reserve <= 3, or a larger max_limit and pool."
+    )
+    with pytest.raises(ValueError, match=exactly(message)):
+        build.runner(runner, limit=AutoLimit(min_limit=2, max_limit=5), reserve=4)
+    runner_ = build.runner(runner, limit=AutoLimit(min_limit=2, max_limit=5), reserve=3)
+    assert (runner_.limit, runner_.statistics().reserve) == (5, 3)  # initial 4 + 3, within the ceiling
+    build.assert_untouched()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("priority", ["1", 1.5, True, None], ids=["str", "float", "bool", "None"])
+async def test_priority_must_be_an_int(build: Builder, runner: str, priority: object) -> None:
+    """Every verb refuses priority="1" before it touches the database, naming it and the fix."""
+    message = (
+        f"priority must be an int, got {priority!r} ({type(priority).__name__}): pass e.g. "
+        "priority=1 for work that goes ahead of priority-0 work when a slot frees"
+    )
+    instance = build.runner(runner)
+
+    async def unit(session: Any) -> None:  # never called
+        raise AssertionError
+
+    with pytest.raises(TypeError, match=exactly(message)):
+        await instance.run([unit], priority=priority)
+    with pytest.raises(TypeError, match=exactly(message)):
+        await instance.map(unit, [1], priority=priority)
+    with pytest.raises(TypeError, match=exactly(message)):
+        instance.stream([unit], priority=priority)
+    with pytest.raises(TypeError, match=exactly(message)):
+        await instance.submit(unit, priority=priority)
+    build.assert_untouched()
+
+
+def test_run_sync_checks_its_priority(build: Builder) -> None:
+    message = (
+        "priority must be an int, got '1' (str): pass e.g. "
+        "priority=1 for work that goes ahead of priority-0 work when a slot frees"
+    )
+    with pytest.raises(TypeError, match=exactly(message)):
+        build.runner("ThreadOffloadRunner").run_sync([], priority="1")
     build.assert_untouched()
 
 

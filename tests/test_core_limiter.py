@@ -12,7 +12,8 @@ import anyio.to_thread
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from boundeddb._core.limiter import Limiter, LimiterStatistics, Slot
+from boundeddb import RunnerStatistics
+from boundeddb._core.limiter import Limiter, Slot
 
 pytestmark = [pytest.mark.anyio]
 
@@ -20,6 +21,12 @@ pytestmark = [pytest.mark.anyio]
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def figures(limiter: Limiter) -> tuple[int, int, int]:
+    """(limit, in flight, waiting)."""
+    stats = limiter.statistics()
+    return stats.limit, stats.in_flight, stats.waiting
 
 
 class Order:
@@ -47,7 +54,7 @@ async def test_it_grants_up_to_the_limit_then_queues() -> None:
         for name in "abcd":
             await order.arrive(group, name)
         assert order.granted == ["a", "b", "c"]
-        assert limiter.statistics() == LimiterStatistics(limit=3, in_flight=3, waiting=1)
+        assert figures(limiter) == (3, 3, 1)
         limiter.release()
         await wait_all_tasks_blocked()
         assert order.granted == ["a", "b", "c", "d"]
@@ -62,8 +69,8 @@ async def test_a_freed_slot_goes_to_the_highest_priority_then_first_come() -> No
     async with anyio.create_task_group() as group:
         for name, priority in [("low1", 0), ("high1", 2), ("mid", 1), ("low2", 0), ("high2", 2)]:
             await order.arrive(group, name, priority)
-        for _ in range(5):
-            limiter.release()
+        for held in [0, 2, 2, 1, 0]:  # the initial slot, then each waiter's in turn
+            limiter.release(held)
             await wait_all_tasks_blocked()
     assert order.granted == ["high1", "high2", "mid", "low1", "low2"]
 
@@ -79,7 +86,7 @@ async def test_a_free_slot_is_not_taken_past_a_waiter_of_equal_or_higher_priorit
         assert limiter.in_flight == 2
         assert not limiter.try_acquire(5)  # none left
         limiter.release()
-        limiter.release()
+        limiter.release(1)
     assert limiter.in_flight == 0
     assert limiter.try_acquire(0)
 
@@ -103,9 +110,9 @@ async def test_a_cancelled_waiter_gives_nothing_away() -> None:
     assert limiter.in_flight == 1
 
 
-async def _take_in_scope(order: Order, name: str, scope: anyio.CancelScope) -> None:
+async def _take_in_scope(order: Order, name: str, scope: anyio.CancelScope, priority: int = 0) -> None:
     with scope:
-        await order.take(name)
+        await order.take(name, priority)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -137,7 +144,7 @@ async def test_raising_the_limit_grants_waiters_at_once() -> None:
         limiter.set_limit(3)
         await wait_all_tasks_blocked()
         assert sorted(order.granted) == ["a", "b"]  # the first two in line (they resume in any order)
-        assert limiter.statistics() == LimiterStatistics(limit=3, in_flight=3, waiting=1)
+        assert figures(limiter) == (3, 3, 1)
         group.cancel_scope.cancel()
 
 
@@ -177,7 +184,7 @@ async def test_worker_threads_read_the_figures_safely() -> None:
     """Threads reading statistics and should_yield while the loop grants and releases see a sane state."""
     limiter = Limiter(3)
     stop = threading.Event()
-    broken: list[LimiterStatistics] = []
+    broken: list[RunnerStatistics] = []
 
     def read() -> int:
         reads = 0
@@ -222,3 +229,94 @@ async def test_should_yield_when_someone_waits() -> None:
         assert limiter.should_yield()
         limiter.release()
     assert not limiter.should_yield()
+
+
+# -- the reserve -------------------------------------------------------------------------------------
+
+
+async def test_a_reserved_slot_is_never_lent_to_priority_0_work() -> None:
+    """Limit 3, reserve 1: priority 0 holds at most 2, and waits while the reserved slot sits idle."""
+    limiter = Limiter(3, reserve=1)
+    order = Order(limiter)
+    async with anyio.create_task_group() as group:
+        for name in ("bulk1", "bulk2", "bulk3"):
+            await order.arrive(group, name)
+        assert order.granted == ["bulk1", "bulk2"]
+        stats = limiter.statistics()
+        assert (stats.limit, stats.reserve, stats.in_flight, stats.waiting) == (3, 1, 2, 1)
+        assert stats.waiting_by_priority == {0: 1}
+        assert stats.in_flight_by_priority == {0: 2}
+        assert limiter.should_yield()  # a bulk waiter: holders that could go on give way
+        await order.arrive(group, "interactive", 1)  # the reserved slot, at once
+        assert order.granted == ["bulk1", "bulk2", "interactive"]
+        assert limiter.statistics().in_flight_by_priority == {0: 2, 1: 1}
+        limiter.release(1)  # the reserved slot comes back: still not for bulk3
+        await wait_all_tasks_blocked()
+        assert order.granted == ["bulk1", "bulk2", "interactive"]
+        limiter.release(0)  # a shared slot comes back: bulk3's
+        await wait_all_tasks_blocked()
+        assert order.granted == ["bulk1", "bulk2", "interactive", "bulk3"]
+    assert limiter.statistics().in_flight_by_priority == {0: 2}
+
+
+async def test_a_high_priority_waiter_gets_the_next_slot_of_any_kind() -> None:
+    """With every slot held, a priority-1 waiter gets the first slot back, shared or reserved."""
+    limiter = Limiter(2, reserve=1)
+    assert limiter.try_acquire(0)
+    assert limiter.try_acquire(1)
+    assert not limiter.try_acquire(0)
+    assert not limiter.try_acquire(1)
+    order = Order(limiter)
+    async with anyio.create_task_group() as group:
+        await order.arrive(group, "bulk")
+        await order.arrive(group, "first", 1)
+        await order.arrive(group, "second", 1)
+        assert limiter.statistics().waiting_by_priority == {0: 1, 1: 2}
+        limiter.release(0)  # a shared slot: to the head of the queue, priority 1
+        await wait_all_tasks_blocked()
+        assert order.granted == ["first"]
+        limiter.release(1)
+        await wait_all_tasks_blocked()
+        assert order.granted == ["first", "second"]
+        limiter.release(1)  # the reserved slot: bulk may not have it
+        limiter.release(1)  # ... and the shared one "first" held: bulk may
+        await wait_all_tasks_blocked()
+        assert order.granted == ["first", "second", "bulk"]
+    assert limiter.in_flight == 1
+
+
+async def test_a_cancelled_high_priority_waiter_gives_nothing_away() -> None:
+    """A priority-1 waiter cancelled in the queue leaves no count behind and takes no slot."""
+    limiter = Limiter(2, reserve=1)
+    assert limiter.try_acquire(0)
+    assert limiter.try_acquire(1)
+    order = Order(limiter)
+    async with anyio.create_task_group() as group:
+        doomed = anyio.CancelScope()
+        group.start_soon(_take_in_scope, order, "doomed", doomed, 1)
+        await wait_all_tasks_blocked()
+        assert limiter.statistics().waiting_by_priority == {1: 1}
+        doomed.cancel()
+        await wait_all_tasks_blocked()
+        stats = limiter.statistics()
+        assert (stats.waiting, stats.waiting_by_priority, stats.in_flight) == (0, {}, 2)
+        limiter.release(1)
+    assert order.granted == []
+    assert limiter.statistics().in_flight_by_priority == {0: 1}
+
+
+async def test_lowering_the_limit_shrinks_the_shared_slots_and_keeps_the_reserve() -> None:
+    """Limit 4 -> 2 with reserve 1: priority 0 gets nothing until it holds fewer than 1; the reserve stays."""
+    limiter = Limiter(4, reserve=1)
+    for _ in range(3):
+        assert limiter.try_acquire(0)
+    limiter.set_limit(2)
+    assert limiter.should_yield()  # 3 shared slots held, 1 allowed
+    for _ in range(2):
+        limiter.release(0)
+        assert not limiter.try_acquire(0)
+    assert not limiter.should_yield()
+    assert limiter.try_acquire(1)  # the reserve is still there
+    assert (limiter.limit, limiter.in_flight) == (2, 2)
+    assert limiter.share(0) == 1
+    assert limiter.share(1) == 2

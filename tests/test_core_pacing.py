@@ -86,6 +86,7 @@ async def run_units(
     retry: RetryPolicy | None = None,
     chunks: bool = False,
     limiter: Limiter | None = None,
+    priority: int = 0,
 ) -> RunReport[Any]:
     """What a runner's run() does, on the fake executor."""
     limiter = limiter or Limiter(limit)
@@ -93,8 +94,15 @@ async def run_units(
     executor = FakeExecutor(attempts)
     sink = ListSink()
     recorder = Recorder(NoPool())
-    run = Run(units, sink, check=executor.check, stop_on_failure=errors == "raise", recorder=recorder)
-    workers = int(min(limit, max(1, run.size)))
+    run = Run(
+        units,
+        sink,
+        check=executor.check,
+        stop_on_failure=errors == "raise",
+        recorder=recorder,
+        priority=priority,
+    )
+    workers = int(min(limiter.share(priority), max(1, run.size)))
     pacer = Chunks(workers) if chunks else SlidingWindow()
     await drive(run, executor, attempts, pacer, limiter, workers)
     return run.report(sink.outcomes, recorder.finish())
@@ -399,3 +407,53 @@ async def test_a_unit_that_ends_up_owed_a_retry_as_the_run_is_cancelled_is_dropp
         await run_units([Flaky(log, failures=1)], limiter=limiter, retry=retry)
     assert log == ["unit 0 attempt 1"]
     assert limiter.in_flight == 0
+
+
+# -- priorities and the reserve ---------------------------------------------------------------------
+
+
+async def test_a_bulk_run_never_uses_the_reserve_and_chunks_shrink_to_fit() -> None:
+    """Limit 4, reserve 1: a priority-0 run keeps 3 in flight, in a window or in chunks of 3."""
+    for chunks in (False, True):
+        spy = Spy()
+        limiter = Limiter(4, reserve=1)
+        report = await run_units([spy.unit() for _ in range(12)], limiter=limiter, chunks=chunks)
+        assert report.values() == list(range(12))
+        assert spy.peak == report.stats.peak_in_flight == 3
+        if chunks:  # every chunk of 3 ends before the next starts
+            starts = [spy.log.index(("start", i)) for i in range(12)]
+            ends = [spy.log.index(("end", i)) for i in range(12)]
+            assert all(max(ends[k : k + 3]) < min(starts[k + 3 : k + 6]) for k in range(0, 9, 3))
+
+
+@on_mock_clock()
+@pytest.mark.parametrize("reserve", [0, 1])
+async def test_interactive_units_go_ahead_of_a_saturating_bulk_run(reserve: int) -> None:
+    """
+    Two bulk runs of 1 s units fill the slots and queue for more; a priority-1 unit arrives every
+    0.25 s. With a reserve it starts at once; without one it waits for the next bulk unit to end
+    (never for two): it goes ahead of the bulk workers queued before it.
+    """
+    limiter = Limiter(4, reserve=reserve)
+    spy = Spy()
+    waits: list[float] = []
+
+    async def interactive(arrived: float) -> None:
+        async def unit(index: int) -> None:
+            waits.append(anyio.current_time() - arrived)
+
+        await run_units([unit], limiter=limiter, priority=1)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(2):
+            group.start_soon(lambda: run_units([spy.unit(1.0) for _ in range(20)], limiter=limiter))
+        await anyio.sleep(0.1)  # the bulk run fills its slots
+        for _ in range(20):
+            group.start_soon(interactive, anyio.current_time())
+            await anyio.sleep(0.25)
+    assert len(waits) == 20
+    assert spy.peak == 4 - reserve
+    if reserve:
+        assert max(waits) == 0.0, waits
+    else:
+        assert 0.0 < max(waits) <= 1.0, waits  # one bulk unit's length at most

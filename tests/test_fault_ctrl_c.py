@@ -34,6 +34,10 @@ import sys
 import threading
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a hang
+import logging
+
+logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(threadName)s %(message)s")
+logging.getLogger("boundeddb").setLevel(logging.DEBUG)  # how the cancellation went, if it hangs
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import sessionmaker

@@ -28,7 +28,7 @@ from ._retry import RetryPolicy, is_transient
 from ._runners.chunked import ChunkedRunner
 from ._runners.semaphore import SemaphoreRunner
 from ._runners.thread_offload import ThreadOffloadRunner
-from ._stats import RunStats
+from ._stats import RunnerStatistics, RunStats
 
 try:
     __version__ = _version("boundeddb")
@@ -46,6 +46,7 @@ __all__ = [
     "RunStats",
     "RunnerBusyElsewhereError",
     "RunnerClosedError",
+    "RunnerStatistics",
     "SemaphoreRunner",
     "ThreadOffloadRunner",
     "UnitMisuseError",

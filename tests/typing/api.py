@@ -23,6 +23,7 @@ from boundeddb import (
     Outcome,
     RetryPolicy,
     RunFailed,
+    RunnerStatistics,
     RunReport,
     RunStats,
     SemaphoreRunner,
@@ -90,6 +91,27 @@ async def semaphore_runner() -> None:
     async with SemaphoreRunner(async_sessions) as entered:
         assert_type(entered, SemaphoreRunner)
     await runner.aclose()
+
+
+async def priorities_and_reserve() -> None:
+    runner = SemaphoreRunner(async_sessions, limit=4, reserve=1)
+    assert_type(await runner.run([unit], priority=1), RunReport[int])
+    assert_type(await runner.map(fn, ["a"], priority=-1), RunReport[float])
+    assert_type(await runner.submit(unit, priority=2), int)
+    async for outcome in runner.stream([unit], priority=1):
+        assert_type(outcome, Outcome[int])
+    stats = runner.statistics()
+    assert_type(stats, RunnerStatistics)
+    assert_type(stats.waiting_by_priority[1], int)
+    assert_type(stats.in_flight_by_priority.get(0, 0), int)
+    assert_type((stats.limit, stats.reserve, stats.in_flight, stats.waiting), tuple[int, int, int, int])
+    await runner.submit(unit, priority="high")  # type: ignore[arg-type]
+    ChunkedRunner(async_sessions, chunk_size=4, reserve=1)
+    threads = ThreadOffloadRunner(sync_sessions, limit=4, reserve=1)
+    assert_type(await threads.submit(sync_unit, priority=1), str)
+    assert_type(threads.run_sync([sync_unit], priority=1), RunReport[str])
+    assert_type(threads.statistics(), RunnerStatistics)
+    stats.limit = 3  # type: ignore[misc]
 
 
 async def chunked_runner() -> None:

@@ -5,6 +5,9 @@ A slot is the right to hold one connection for one unit. Every runner has one li
 all its calls (batches, streams, submits): that is what makes ``limit`` a bound on connections.
 
 - Slots go to the waiter with the highest priority first, first come first served within one.
+- ``reserve`` of the slots go only to priorities above 0: work of priority 0 (or below) holds at
+  most ``limit - reserve`` at once, so a caller with a higher priority finds a slot free while
+  such work saturates the rest. A reserved slot is never lent, not even while it sits idle.
 - The limit may change while slots are held (:meth:`Limiter.set_limit`): raising it grants
   waiters at once; lowering it grants nothing more, and the limit steps down only as slots come
   back, so that at every moment ``in_flight <= limit``.
@@ -15,23 +18,17 @@ all its calls (batches, streams, submits): that is what makes ``limit`` a bound 
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import threading
+import types
+from collections import Counter
 
 import anyio
 
-__all__ = ["Limiter", "LimiterStatistics", "Slot"]
+from .._stats import RunnerStatistics
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LimiterStatistics:
-    """A snapshot of a limiter (anyio's ``*Statistics`` style)."""
-
-    limit: int
-    in_flight: int
-    waiting: int
+__all__ = ["Limiter", "Slot"]
 
 
 class _Waiter:
@@ -44,13 +41,17 @@ class _Waiter:
 
 
 class Limiter:
-    """Grants at most ``limit`` slots at once, by priority; see the module docstring."""
+    """Grants at most ``limit`` slots at once, by priority, ``reserve`` of them above priority 0."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, reserve: int = 0) -> None:
         self._lock = threading.Lock()
         self._limit = limit
         self._target = limit
+        self._reserve = reserve
         self._in_flight = 0
+        #: Slots held by priority 0 and below (the ones the reserve is kept from).
+        self._shared = 0
+        self._held: Counter[int] = Counter()
         # (-priority, arrival, waiter); a waiter that gave up stays in the heap, ungranted and
         # marked by ``_gone``, until it reaches the top.
         self._heap: list[tuple[int, int, _Waiter]] = []
@@ -68,24 +69,48 @@ class Limiter:
         return self._target
 
     @property
+    def reserve(self) -> int:
+        """Slots granted only to priorities above 0."""
+        return self._reserve
+
+    @property
     def in_flight(self) -> int:
         """Slots held right now."""
         return self._in_flight
 
-    def statistics(self) -> LimiterStatistics:
+    def share(self, priority: int, limit: int | None = None) -> int:
+        """The most slots work of ``priority`` may hold at once under ``limit`` (default: now)."""
+        limit = self._limit if limit is None else limit
+        return limit if priority > 0 else limit - self._reserve
+
+    def statistics(self) -> RunnerStatistics:
+        """A snapshot: the limit, the reserve, and the slots held and waited for, by priority."""
         with self._lock:
-            return LimiterStatistics(self._limit, self._in_flight, len(self._heap) - len(self._gone))
+            waiting = Counter(-key for key, _, waiter in self._heap if waiter not in self._gone)
+            held = {priority: n for priority, n in self._held.items() if n}
+            return RunnerStatistics(
+                limit=self._limit,
+                reserve=self._reserve,
+                in_flight=self._in_flight,
+                waiting=waiting.total(),
+                waiting_by_priority=types.MappingProxyType(dict(sorted(waiting.items()))),
+                in_flight_by_priority=types.MappingProxyType(dict(sorted(held.items()))),
+            )
 
     def should_yield(self) -> bool:
         """Whether a holder that could go on should give its slot back (someone waits, or over limit)."""
         with self._lock:
-            return len(self._heap) > len(self._gone) or self._in_flight > self._target
+            return (
+                len(self._heap) > len(self._gone)
+                or self._in_flight > self._target
+                or self._shared > self._target - self._reserve
+            )
 
     def try_acquire(self, priority: int = 0) -> bool:
         """Take a slot if one is free and nobody of the same or a higher priority waits for it."""
         with self._lock:
-            if self._in_flight < self._limit and not self._ahead(priority):
-                self._in_flight += 1
+            if self._free_for(priority) and not self._ahead(priority):
+                self._take(priority)
                 return True
             return False
 
@@ -96,8 +121,8 @@ class Limiter:
         waiter = _Waiter(priority)
         with self._lock:
             # Checked again under the lock: a slot may have come back meanwhile.
-            if self._in_flight < self._limit and not self._ahead(priority):
-                self._in_flight += 1
+            if self._free_for(priority) and not self._ahead(priority):
+                self._take(priority)
                 return
             heapq.heappush(self._heap, (-priority, next(self._arrivals), waiter))
         try:
@@ -108,13 +133,16 @@ class Limiter:
                 if not granted:
                     self._gone.add(waiter)
             if granted:  # the slot came as the waiter was cancelled: pass it on
-                self.release()
+                self.release(priority)
             raise
 
-    def release(self) -> None:
-        """Give a slot back; wake the waiters that may have one now (on the limiter's loop)."""
+    def release(self, priority: int = 0) -> None:
+        """Give back a slot taken at ``priority``; wake the waiters that may have one now (on the loop)."""
         with self._lock:
             self._in_flight -= 1
+            self._held[priority] -= 1
+            if priority <= 0:
+                self._shared -= 1
             if self._limit > self._target:
                 self._limit = max(self._target, self._in_flight)
             woken = self._grant()
@@ -130,6 +158,18 @@ class Limiter:
         for waiter in woken:
             waiter.event.set()
 
+    def _free_for(self, priority: int) -> bool:
+        """Whether a slot is free for ``priority``: under the limit, and outside the reserve if <= 0."""
+        if priority > 0:
+            return self._in_flight < self._limit
+        return self._in_flight < self._limit and self._shared < self._limit - self._reserve
+
+    def _take(self, priority: int) -> None:
+        self._in_flight += 1
+        self._held[priority] += 1
+        if priority <= 0:
+            self._shared += 1
+
     def _ahead(self, priority: int) -> bool:
         """Whether a live waiter of ``priority`` or higher is queued (under the lock)."""
         heap = self._heap
@@ -141,13 +181,18 @@ class Limiter:
         """Hand free slots to the waiters at the head of the queue (under the lock)."""
         woken: list[_Waiter] = []
         heap = self._heap
-        while heap and self._in_flight < self._limit:
-            waiter = heapq.heappop(heap)[2]
+        while heap:
+            waiter = heap[0][2]
             if waiter in self._gone:
+                heapq.heappop(heap)
                 self._gone.discard(waiter)
                 continue
+            # The head has the highest priority: if no slot is free for it, none is for those behind.
+            if not self._free_for(waiter.priority):
+                break
+            heapq.heappop(heap)
             waiter.granted = True
-            self._in_flight += 1
+            self._take(waiter.priority)
             woken.append(waiter)
         return woken
 
@@ -170,4 +215,4 @@ class Slot:
         """Give the slot back if it is held (so clean-up can call it blindly)."""
         if self.held:
             self.held = False
-            self.limiter.release()
+            self.limiter.release(self.priority)

@@ -199,7 +199,7 @@ class _Drive:
         while True:
             await anyio.sleep(ADJUST_INTERVAL_S)
             adjust()
-            wanted = min(limiter.limit, run.size)
+            wanted = min(limiter.share(run.priority), run.size)
             while self.live < wanted and not (self.exhausted or run.stopping):
                 self.live += 1
                 self.team.spawn(self.executor.worker(Slot(limiter, run.priority)), self.work)
@@ -211,7 +211,7 @@ class _Drive:
         auto, limiter = self.controller is not None, self.limiter
         try:
             while not run.stopping:
-                if auto and self.live > limiter.target:
+                if auto and self.live > limiter.share(run.priority, limiter.target):
                     return  # the limit went down: one worker fewer
                 if window is not None:
                     await window.acquire()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from time import perf_counter
@@ -43,6 +44,8 @@ from .._outcome import Outcome
 from .script import attempt_sync
 
 __all__ = ["Handle", "ThreadExecutor", "ThreadWorker"]
+
+logger = logging.getLogger("boundeddb")
 
 _IDLE, _CONNECTING, _RUNNING, _COMMITTING = range(4)
 
@@ -264,8 +267,12 @@ class ThreadTeam:
         """
         self._run.stopping = True
         while busy := [dbapi for worker in self._workers if (dbapi := worker.handle.cancel()) is not None]:
+            logger.debug(
+                "run cancelled: stopping %d statement(s) of %d worker(s)", len(busy), len(self._workers)
+            )
             await anyio.to_thread.run_sync(_cancel_all, self._dialect, busy)
             await anyio.sleep(CANCEL_AGAIN_S)
+        logger.debug("run cancelled: no statement of its %d workers left to stop", len(self._workers))
 
 
 def _cancel_all(dialect: Dialect, dbapi_connections: list[Any]) -> None:

@@ -12,7 +12,7 @@ from .._executors.async_session import AsyncSessionExecutor
 from .._outcome import Outcome, RunReport
 from .._typing import AsyncUnit, ItemT, T
 from .base import BaseRunner
-from .checks import units_of
+from .checks import check_priority, units_of
 
 
 def check_async_sessions(sessions: object, runner: str) -> Any:
@@ -48,7 +48,9 @@ class AsyncUnitsRunner(BaseRunner):
             runner=type(self).__name__,
         )
 
-    async def run(self, units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]]) -> RunReport[T]:
+    async def run(
+        self, units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]], *, priority: int = 0
+    ) -> RunReport[T]:
         """
         Run every unit, each in its own session and transaction, at most :attr:`limit` at once.
 
@@ -58,6 +60,9 @@ class AsyncUnitsRunner(BaseRunner):
 
         Args:
             units: Iterable or async iterable of ``async def unit(session: AsyncSession) -> T``.
+            priority: When a slot frees, the waiting unit of the highest priority gets it (first
+                come first served within one); each unit of the run waits for its slot before it
+                is pulled. Above 0, it may also use the runner's ``reserve``. *New in 0.2.0.*
 
         Returns:
             A :class:`~boundeddb.RunReport`: one :class:`~boundeddb.Outcome` per unit in input order,
@@ -76,12 +81,14 @@ class AsyncUnitsRunner(BaseRunner):
         committed after the cancellation, even one that swallows it (a unit whose COMMIT had begun
         finishes it).
         """
-        return await self._run_units(units)
+        return await self._run_units(units, priority)
 
     async def map(
         self,
         fn: Callable[[AsyncSession, ItemT], Awaitable[T]],
         items: Iterable[ItemT] | AsyncIterable[ItemT],
+        *,
+        priority: int = 0,
     ) -> RunReport[T]:
         """
         Run ``fn(session, item)`` for every item, as :meth:`run` does for units.
@@ -89,11 +96,12 @@ class AsyncUnitsRunner(BaseRunner):
         Args:
             fn: ``async def fn(session: AsyncSession, item) -> T``.
             items: Iterable or async iterable of items, pulled lazily.
+            priority: As for :meth:`run`.
         """
-        return await self._run_units(units_of(fn, items, type(self).__name__))
+        return await self._run_units(units_of(fn, items, type(self).__name__), priority)
 
     def stream(
-        self, units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]]
+        self, units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]], *, priority: int = 0
     ) -> AsyncGenerator[Outcome[T], None]:
         """
         Run the units as :meth:`run` does, yielding each :class:`~boundeddb.Outcome` as it finishes.
@@ -108,9 +116,9 @@ class AsyncUnitsRunner(BaseRunner):
                 were in flight with it; its report holds only the failed outcomes (the stream keeps
                 no others).
         """
-        return self._stream_units(units)
+        return self._stream_units(units, check_priority(priority))
 
-    async def submit(self, unit: AsyncUnit[T]) -> T:
+    async def submit(self, unit: AsyncUnit[T], *, priority: int = 0) -> T:
         """
         Run one unit under the runner's shared limit and return its value.
 
@@ -120,5 +128,5 @@ class AsyncUnitsRunner(BaseRunner):
         Raises:
             Exception: the unit's own exception, unchanged (its transaction was rolled back).
         """
-        result: T = await self._submit_unit(unit)
+        result: T = await self._submit_unit(unit, priority)
         return result

@@ -28,7 +28,16 @@ from .._errors import RunnerBusyElsewhereError, RunnerClosedError, UnitMisuseErr
 from .._executors.pool import watch_pool
 from .._outcome import Outcome, RunReport
 from .._retry import RetryPolicy
-from .checks import LimitPlan, check_errors, check_retry, check_timeout, checked_iterable
+from .._stats import RunnerStatistics
+from .checks import (
+    LimitPlan,
+    check_errors,
+    check_priority,
+    check_retry,
+    check_timeout,
+    checked_iterable,
+    with_reserve,
+)
 
 __all__ = ["BaseRunner"]
 
@@ -48,11 +57,14 @@ class BaseRunner:
         retry: object,
         timeout: object,
         engine: Engine,
+        reserve: object = 0,
+        limit_name: str = "limit",
     ) -> None:
         plan = limit if isinstance(limit, LimitPlan) else LimitPlan(limit, limit, limit)
+        plan = with_reserve(plan, reserve, limit_name)
         self._sessions = sessions
         self._engine = engine
-        self._limiter = Limiter(plan.initial)
+        self._limiter = Limiter(plan.initial, plan.reserve)
         #: The most the limit can be: what the executor sizes itself for.
         self._max_limit = plan.high
         self._errors = check_errors(errors)
@@ -99,11 +111,23 @@ class BaseRunner:
         """Units holding a slot right now."""
         return self._limiter.in_flight
 
+    def statistics(self) -> RunnerStatistics:
+        """
+        What the runner holds and what waits for it now, across all its calls.
+
+        Cheap (a snapshot under the runner's lock), so a metrics endpoint or a gauge callback can
+        call it as often as it scrapes; see :doc:`/how-to/priorities`.
+
+        .. versionadded:: 0.2.0
+        """
+        return self._limiter.statistics()
+
     def __repr__(self) -> str:
         stats = self._limiter.statistics()
+        reserve = f" reserve={stats.reserve}" if stats.reserve else ""
         state = " closed" if self._closed else ""
         return (
-            f"<{type(self).__name__} limit={stats.limit} in_flight={stats.in_flight} "
+            f"<{type(self).__name__} limit={stats.limit}{reserve} in_flight={stats.in_flight} "
             f"waiting={stats.waiting}{state}>"
         )
 
@@ -168,6 +192,7 @@ class BaseRunner:
         recorder: NullRecorder,
         *,
         stop_on_failure: bool,
+        priority: int,
         window: anyio.Semaphore | None = None,
     ) -> Run[SinkT]:
         controller = self._controller
@@ -177,12 +202,13 @@ class BaseRunner:
             check=self._executor.check,
             stop_on_failure=stop_on_failure,
             recorder=recorder,
+            priority=priority,
             window=window,
             observe=None if controller is None else controller.observe,
         )
 
     async def _drive(self, run: Run[Any], loop_lag: LoopLag | None = None, *, adapt: bool = True) -> None:
-        workers = int(min(self._limiter.limit, max(1, run.size)))
+        workers = int(min(self._limiter.share(run.priority), max(1, run.size)))
         pacer = self._new_pacer(workers)
         await drive(
             run,
@@ -217,14 +243,17 @@ class BaseRunner:
     # -- the verbs ------------------------------------------------------------------------------
 
     async def _run_units(
-        self, units: Iterable[Any] | AsyncIterable[Any], *, measure_loop_lag: bool = True
+        self, units: Iterable[Any] | AsyncIterable[Any], priority: object, *, measure_loop_lag: bool = True
     ) -> RunReport[Any]:
+        priority = check_priority(priority)
         units = self._checked_units(units)
         with self._bound():
             recorder = Recorder(watch_pool(self._engine.pool))
             try:
                 sink = ListSink()
-                run = self._new_run(units, sink, recorder, stop_on_failure=self._errors == "raise")
+                run = self._new_run(
+                    units, sink, recorder, stop_on_failure=self._errors == "raise", priority=priority
+                )
                 loop_lag = recorder.loop_lag = LoopLag() if measure_loop_lag else None
                 await self._drive(run, loop_lag)
             finally:
@@ -232,7 +261,7 @@ class BaseRunner:
         return run.report(sink.outcomes, recorder.finish(**self._limits(recorder.started)))
 
     async def _stream_units(
-        self, units: Iterable[Any] | AsyncIterable[Any]
+        self, units: Iterable[Any] | AsyncIterable[Any], priority: int
     ) -> AsyncGenerator[Outcome[Any], None]:
         units = self._checked_units(units)
         with self._bound():
@@ -242,7 +271,14 @@ class BaseRunner:
             send, receive = anyio.create_memory_object_stream[Outcome[Any]](lookahead)
             sink = StreamSink(send)
             window = anyio.Semaphore(lookahead)
-            run = self._new_run(units, sink, recorder, stop_on_failure=self._errors == "raise", window=window)
+            run = self._new_run(
+                units,
+                sink,
+                recorder,
+                stop_on_failure=self._errors == "raise",
+                priority=priority,
+                window=window,
+            )
             loop_lag = recorder.loop_lag = LoopLag()
 
             async def produce() -> None:
@@ -260,11 +296,13 @@ class BaseRunner:
                 recorder.close()
         run.raise_for(RunReport(sink.failures, recorder.finish(**self._limits(recorder.started))))
 
-    async def _submit_unit(self, unit: Any) -> Any:
+    async def _submit_unit(self, unit: Any, priority: object) -> Any:
+        priority = check_priority(priority)
         self._check_now(unit, 0)
         with self._bound():
             sink = ValueSink()
-            await self._drive(self._new_run([unit], sink, _NULL_RECORDER, stop_on_failure=True), adapt=False)
+            run = self._new_run([unit], sink, _NULL_RECORDER, stop_on_failure=True, priority=priority)
+            await self._drive(run, adapt=False)
             if self._controller is not None:
                 self._controller.adjust()  # no ticker for one unit: look now
         assert sink.outcome is not None

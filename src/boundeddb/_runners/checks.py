@@ -101,6 +101,8 @@ class LimitPlan:
     low: int
     high: int
     auto: bool = False
+    #: Slots of the limit for priorities above 0 (see :func:`with_reserve`).
+    reserve: int = 0
 
 
 #: Where an auto limit starts unless told (within its bounds).
@@ -141,6 +143,55 @@ def resolve_limit_or_auto(name: str, limit: object, engine: Engine, runner: str)
         )
         raise ValueError(msg)
     return LimitPlan(max(limit.min_limit, min(high, initial)), limit.min_limit, high, auto=True)
+
+
+def check_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        msg = (
+            f"priority must be an int, got {priority!r} ({type(priority).__name__}): pass e.g. "
+            "priority=1 for work that goes ahead of priority-0 work when a slot frees"
+        )
+        raise TypeError(msg)
+    return priority
+
+
+def with_reserve(plan: LimitPlan, reserve: object, name: str) -> LimitPlan:
+    """
+    ``plan`` with ``reserve`` slots for priorities above 0, checked against it.
+
+    A fixed limit keeps its number (the reserve is part of it). A moving one keeps the reserve out
+    of what moves: the slots priority-0 work shares move within ``[low, high - reserve]``, and the
+    limit is those plus the reserve.
+    """
+    if isinstance(reserve, bool) or not isinstance(reserve, int):
+        msg = (
+            f"reserve must be an int >= 0, got {reserve!r} ({type(reserve).__name__}): pass how many "
+            "of the limit's slots only calls with priority > 0 may use, e.g. reserve=1"
+        )
+        raise TypeError(msg)
+    if reserve < 0:
+        msg = f"reserve must be >= 0, got {reserve}: pass 0 for no reserve, or e.g. reserve=1"
+        raise ValueError(msg)
+    if reserve == 0:
+        return plan
+    if not plan.auto:
+        if reserve >= plan.high:
+            msg = (
+                f"reserve={reserve} must be less than {name}={plan.high}: priority-0 work would never "
+                f"get a slot. Pass reserve <= {plan.high - 1}, or a larger {name}."
+            )
+            raise ValueError(msg)
+        return dataclasses.replace(plan, reserve=reserve)
+    if plan.high - reserve < plan.low:
+        msg = (
+            f"reserve={reserve} leaves priority-0 work fewer than min_limit={plan.low} slots under the "
+            f"auto limit's ceiling of {plan.high} (the pool's capacity or max_limit): pass "
+            f"reserve <= {plan.high - plan.low}, or a larger max_limit and pool."
+        )
+        raise ValueError(msg)
+    return LimitPlan(
+        min(plan.high, plan.initial + reserve), plan.low + reserve, plan.high, auto=True, reserve=reserve
+    )
 
 
 def bound_engine(sessions: Any) -> Engine:

@@ -33,6 +33,10 @@ class ChunkedRunner(AsyncUnitsRunner):
         errors: ``"raise"`` or ``"collect"``, as for :class:`~boundeddb.SemaphoreRunner`.
         retry: See :class:`~boundeddb.RetryPolicy`.
         timeout: Seconds each unit attempt may take.
+        reserve: Slots of the limit granted only to calls with ``priority > 0`` (*new in 0.2.0*):
+            a priority-0 run's chunks hold ``chunk_size - reserve`` units, so a request's
+            ``submit(unit, priority=1)`` finds a slot free while a bulk run saturates the rest.
+            Must be less than ``chunk_size``. See :doc:`/how-to/priorities`.
 
     .. versionadded:: 0.1.0
     """
@@ -45,6 +49,7 @@ class ChunkedRunner(AsyncUnitsRunner):
         errors: ErrorsMode = "raise",
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        reserve: int = 0,
     ) -> None:
         sessions = check_async_sessions(sessions, "ChunkedRunner")
         engine = bound_engine(sessions)
@@ -55,6 +60,8 @@ class ChunkedRunner(AsyncUnitsRunner):
             retry=retry,
             timeout=timeout,
             engine=engine,
+            reserve=reserve,
+            limit_name="chunk_size",
         )
 
     @property

@@ -35,6 +35,11 @@ class SemaphoreRunner(AsyncUnitsRunner):
         retry: Run units that fail with transient errors again; see :class:`~boundeddb.RetryPolicy`.
         timeout: Seconds each unit attempt may take before it is cancelled and rolled back
             (:class:`~boundeddb.UnitTimeout`).
+        reserve: Slots of the limit granted only to calls with ``priority > 0`` (*new in 0.2.0*):
+            priority-0 work holds at most ``limit - reserve`` of them, so a request's
+            ``submit(unit, priority=1)`` finds a slot free while a bulk run saturates the rest.
+            Must be less than the limit. With ``limit="auto"`` the reserve stays out of what
+            moves: the limit is the moving share plus the reserve. See :doc:`/how-to/priorities`.
 
     .. versionadded:: 0.1.0
     """
@@ -47,6 +52,7 @@ class SemaphoreRunner(AsyncUnitsRunner):
         errors: ErrorsMode = "raise",
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        reserve: int = 0,
     ) -> None:
         sessions = check_async_sessions(sessions, "SemaphoreRunner")
         engine = bound_engine(sessions)
@@ -57,4 +63,5 @@ class SemaphoreRunner(AsyncUnitsRunner):
             retry=retry,
             timeout=timeout,
             engine=engine,
+            reserve=reserve,
         )

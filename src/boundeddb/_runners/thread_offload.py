@@ -17,7 +17,7 @@ from .._outcome import Outcome, RunReport
 from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
 from .base import BaseRunner
-from .checks import BoundItem, ErrorsMode, bound_engine, resolve_limit_or_auto, units_of
+from .checks import BoundItem, ErrorsMode, bound_engine, check_priority, resolve_limit_or_auto, units_of
 
 
 @final
@@ -44,6 +44,11 @@ class ThreadOffloadRunner(BaseRunner):
             slow statement; on other databases the unit runs to its end. Either way a unit that
             took longer is rolled back and fails with :class:`~boundeddb.UnitTimeout`, and its slot
             stays taken until its thread has really finished.
+        reserve: Slots of the limit granted only to calls with ``priority > 0`` (*new in 0.2.0*):
+            priority-0 work holds at most ``limit - reserve`` of them, so a request's
+            ``submit(unit, priority=1)`` finds a slot free while a bulk run saturates the rest.
+            Must be less than the limit. With ``limit="auto"`` the reserve stays out of what
+            moves: the limit is the moving share plus the reserve. See :doc:`/how-to/priorities`.
 
     Cancelling a call cancels the statements in flight (the DBAPI connection's ``cancel()``, or
     SQLite's ``interrupt()``), waits for the threads to finish, rolls back and returns their
@@ -64,6 +69,7 @@ class ThreadOffloadRunner(BaseRunner):
         errors: ErrorsMode = "raise",
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        reserve: int = 0,
     ) -> None:
         self._check_sessions(sessions)
         engine = bound_engine(sessions)
@@ -74,6 +80,7 @@ class ThreadOffloadRunner(BaseRunner):
             retry=retry,
             timeout=timeout,
             engine=engine,
+            reserve=reserve,
         )
 
     @staticmethod
@@ -119,27 +126,33 @@ class ThreadOffloadRunner(BaseRunner):
 
     # -- the public verbs ---------------------------------------------------------------------------
 
-    async def run(self, units: Iterable[SyncUnit[T]] | AsyncIterable[SyncUnit[T]]) -> RunReport[T]:
+    async def run(
+        self, units: Iterable[SyncUnit[T]] | AsyncIterable[SyncUnit[T]], *, priority: int = 0
+    ) -> RunReport[T]:
         """
         Run every unit in a worker thread, each in its own session and transaction.
 
         Behaves as :meth:`boundeddb.SemaphoreRunner.run` does (lazy input, input order, errors,
-        cancellation), with ``def unit(session: Session) -> T`` units; works under asyncio and trio.
+        cancellation, ``priority``), with ``def unit(session: Session) -> T`` units; works under
+        asyncio and trio.
         """
-        return await self._run_units(units)
+        return await self._run_units(units, priority)
 
     async def map(
         self,
         fn: Callable[[Session, ItemT], T],
         items: Iterable[ItemT] | AsyncIterable[ItemT],
+        *,
+        priority: int = 0,
     ) -> RunReport[T]:
         """Run ``fn(session, item)`` for every item in worker threads, as :meth:`run` does."""
         units = units_of(fn, items, "ThreadOffloadRunner")
+        priority = check_priority(priority)
         self._check_now(BoundItem(fn, None), 0)  # one function for every item: check it up front
-        return await self._run_units(units)
+        return await self._run_units(units, priority)
 
     def stream(
-        self, units: Iterable[SyncUnit[T]] | AsyncIterable[SyncUnit[T]]
+        self, units: Iterable[SyncUnit[T]] | AsyncIterable[SyncUnit[T]], *, priority: int = 0
     ) -> AsyncGenerator[Outcome[T], None]:
         """
         Yield each unit's :class:`~boundeddb.Outcome` as it finishes, in O(limit) memory.
@@ -147,19 +160,22 @@ class ThreadOffloadRunner(BaseRunner):
         As :meth:`boundeddb.SemaphoreRunner.stream`. Under trio, close the stream promptly if you
         break out early (``async with contextlib.aclosing(runner.stream(units)) as outcomes:``).
         """
-        return self._stream_units(units)
+        return self._stream_units(units, check_priority(priority))
 
-    async def submit(self, unit: SyncUnit[T]) -> T:
+    async def submit(self, unit: SyncUnit[T], *, priority: int = 0) -> T:
         """
         Run one sync unit in a worker thread under the runner's shared limit, and return its value.
+
+        ``priority`` as for :meth:`boundeddb.SemaphoreRunner.run`: ``submit(unit, priority=1)``
+        from a request handler goes ahead of a bulk run's units, and may use the ``reserve``.
 
         Raises:
             Exception: the unit's own exception, unchanged.
         """
-        result: T = await self._submit_unit(unit)
+        result: T = await self._submit_unit(unit, priority)
         return result
 
-    def run_sync(self, units: Iterable[SyncUnit[T]]) -> RunReport[T]:
+    def run_sync(self, units: Iterable[SyncUnit[T]], *, priority: int = 0) -> RunReport[T]:
         """
         Run every unit from plain sync code, as :meth:`run` does, and return the report.
 
@@ -180,5 +196,5 @@ class ThreadOffloadRunner(BaseRunner):
                 "use `await runner.run(units)` instead"
             )
             raise RuntimeError(msg)
-        report: RunReport[T] = anyio.run(partial(self._run_units, units, measure_loop_lag=False))
+        report: RunReport[T] = anyio.run(partial(self._run_units, units, priority, measure_loop_lag=False))
         return report
