@@ -29,6 +29,7 @@ from . import (
     _charts,
     _report,
     _report_auto,
+    _report_mixed,
     async_unbounded,
     auto_limit,
     chunked,
@@ -37,6 +38,7 @@ from . import (
     limit_sweep,
     loop_lag,
     memory,
+    mixed,
     overhead,
     raw_asyncpg,
     semaphore,
@@ -60,6 +62,7 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "instructions": instructions.run,
     "limit-sweep": limit_sweep.run,
     "auto-limit": auto_limit.run,
+    "mixed": mixed.run,
     "loop-lag": loop_lag.run,
     "memory": memory.run,
 }
@@ -274,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         _charts.sweep(out / "limit_sweep.png", [m for m in ctx.results if m.group == "sweep"]),
         _charts.loop_lag(out / "loop_lag.png", [m for m in ctx.results if m.group == "loop-lag"]),
         _report_auto.chart(out / "auto_limit.png", [m for m in ctx.results if m.group == "auto"]),
+        _report_mixed.chart(out / "mixed.png", [m for m in ctx.results if m.group == mixed.GROUP]),
     ]
     (out / "report.md").write_text(text)
     _report.write_json(out / "results.json", env, ctx.results, data)

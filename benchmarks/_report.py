@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from . import _report_auto, instructions, overhead
+from . import _report_auto, _report_mixed, instructions, mixed, overhead
 from ._harness import Measurement
 from ._report_loop import INLINE, best_boundeddb, loop_table, ping_paragraph
 
@@ -481,7 +481,11 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
     if auto_rows := [m for m in results if m.group == "auto"]:
         lines, data["auto_limit"] = _report_auto.section(auto_rows)
         out += lines
-    if loop := [m for m in results if m.group == "loop-lag"]:
+    loop = [m for m in results if m.group == "loop-lag"]
+    if mixed_rows := [m for m in results if m.group == mixed.GROUP]:
+        lines, data["mixed"] = _report_mixed.section(mixed_rows, loop)
+        out += lines
+    if loop:
         out += ["## Loop lag under HTTP load", "", *loop_table(loop), "", *ping_paragraph(loop)]
     if mem := [m for m in results if m.group == "memory"]:
         out += ["## Memory", "", *memory_table(mem), ""]
@@ -490,6 +494,8 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
     data["targets"] += instructions.targets(data.get("instructions", {}))
     if "auto_limit" in data:
         data["targets"] += _report_auto.targets(data["auto_limit"], env["limit"])
+    if "mixed" in data:
+        data["targets"] += _report_mixed.targets(data["mixed"])
     out += ["## Targets (reported, not asserted)", ""]
     out += [f"- {t['status']}: {t['target']} — {t['shown']}" for t in data["targets"]]
     out += ["", "Measured earlier on this machine with hand-written scripts at N=35,000: "]

@@ -28,6 +28,14 @@ variant with the one that differs from it in one knob only):
 * ``gc.freeze``: ``gc.collect(); gc.freeze()`` once the app is built, as servers do after
   start-up, so that the garbage collector's full collections skip the long-lived objects.
 
+Then one family with a backfill on the endpoints' own runner (issue 10): ``semaphore-submit+bulk``
+is ``semaphore-submit`` at L=4 while a :class:`benchmarks.mixed.BulkJob` runs the ``mixed``
+scenario's bulk units (50-200 ms of ``pg_sleep`` and a one-row insert) through the same
+``SemaphoreRunner`` at priority 0 for the whole variant: the endpoints' ``submit`` at priority
+0, at ``priority=1``, and at ``priority=1`` on a runner with ``reserve=1``.  Each also records
+the bulk units finished (and per second) while the load ran; ``semaphore-submit L=4`` is the same
+app without the bulk job.
+
 The listening socket is created with ``IPPROTO_TCP`` so that asyncio sets ``TCP_NODELAY`` on
 each connection, as it does under ``uvicorn --host --port``; with protocol 0 every response's
 body waited for the client's delayed ACK (~40 ms on Linux) behind its headers.
@@ -60,8 +68,11 @@ from boundeddb import SemaphoreRunner, ThreadOffloadRunner
 
 from ._harness import Context, Measurement, Probe, percentile
 from ._workload import async_unit, op_async, op_sync, sync_unit
+from .mixed import BulkJob
 
 KINDS = ("inline", "threadpool", "semaphore-submit", "thread-offload-submit")
+#: ``semaphore-submit`` with a bulk job on the same runner (see the module docstring).
+BULK_KIND = "semaphore-submit+bulk"
 CONCURRENCY = 50
 #: Each variant's load generator stops at this deadline even if requests remain.
 DEADLINE_S = 120.0
@@ -81,6 +92,9 @@ class Variant:
     concurrency: int = CONCURRENCY
     #: ``gc.collect(); gc.freeze()`` in the server once the app is built (``gc.unfreeze()`` after).
     gc_freeze: bool = False
+    #: The endpoints' ``submit(..., priority=)`` and the runner's ``reserve`` (BULK_KIND only).
+    priority: int = 0
+    reserve: int = 0
 
     def label(self) -> str:
         parts = ["loop-lag", self.kind]
@@ -92,6 +106,10 @@ class Variant:
             parts.append(f"c={self.concurrency}")
         if self.gc_freeze:
             parts.append("gc.freeze")
+        if self.priority:
+            parts.append(f"priority={self.priority}")
+        if self.reserve:
+            parts.append(f"reserve={self.reserve}")
         return " ".join(parts)
 
 
@@ -111,7 +129,13 @@ EXTRA = (
     Variant("semaphore-submit", limit=4, gc_freeze=True),
     Variant("thread-offload-submit", limit=2, gc_freeze=True),
 )
-VARIANTS = BASE + EXTRA
+#: A bulk job on the endpoints' runner: no priority, priority=1, priority=1 with a reserve.
+BULK = (
+    Variant(BULK_KIND, limit=4),
+    Variant(BULK_KIND, limit=4, priority=1),
+    Variant(BULK_KIND, limit=4, priority=1, reserve=1),
+)
+VARIANTS = BASE + EXTRA + BULK
 
 
 def run(ctx: Context) -> None:
@@ -162,9 +186,25 @@ Endpoint = Callable[[Request], Any]
 Cleanup = list[Callable[[], Awaitable[Any]]]
 
 
-def _build(ctx: Context, variant: str, limit: int, app_name: str) -> tuple[Endpoint, Cleanup, str]:
-    """The /db endpoint of ``variant``, what to close afterwards, and the driver it uses."""
+def _build(
+    ctx: Context, spec: Variant, limit: int, app_name: str
+) -> tuple[Endpoint, Cleanup, str, BulkJob | None]:
+    """The /db endpoint of ``spec``, what to close afterwards, the driver, and its bulk job if any."""
     ops = ctx.ops
+    variant = spec.kind
+    if variant == BULK_KIND:
+        engine = ctx.db.async_engine(app_name, pool_size=limit)
+        runner = SemaphoreRunner(
+            async_sessionmaker(engine, expire_on_commit=False), limit=limit, reserve=spec.reserve
+        )
+        bulk = BulkJob(runner, ctx.seed)
+
+        async def bulk_submit(request: Request) -> PlainTextResponse:
+            unit = async_unit(ops[request.path_params["i"]], _noop)
+            await runner.submit(unit, priority=spec.priority)
+            return PlainTextResponse("ok")
+
+        return bulk_submit, [bulk.stop, runner.aclose, engine.dispose], "asyncpg", bulk
     if variant in ("inline", "semaphore-submit"):
         engine = ctx.db.async_engine(app_name, pool_size=limit)
         sessions = async_sessionmaker(engine, expire_on_commit=False)
@@ -176,14 +216,14 @@ def _build(ctx: Context, variant: str, limit: int, app_name: str) -> tuple[Endpo
                     await session.commit()
                 return PlainTextResponse("ok")
 
-            return inline, [engine.dispose], "asyncpg"
+            return inline, [engine.dispose], "asyncpg", None
         runner = SemaphoreRunner(sessions, limit=limit)
 
         async def semaphore_submit(request: Request) -> PlainTextResponse:
             await runner.submit(async_unit(ops[request.path_params["i"]], _noop))
             return PlainTextResponse("ok")
 
-        return semaphore_submit, [runner.aclose, engine.dispose], "asyncpg"
+        return semaphore_submit, [runner.aclose, engine.dispose], "asyncpg", None
 
     sync_engine = ctx.db.sync_engine(app_name, pool_size=limit, driver="psycopg")
     sync_sessions = sessionmaker(sync_engine, expire_on_commit=False)
@@ -196,14 +236,14 @@ def _build(ctx: Context, variant: str, limit: int, app_name: str) -> tuple[Endpo
                 session.commit()
             return PlainTextResponse("ok")
 
-        return threadpool, [dispose], "psycopg"
+        return threadpool, [dispose], "psycopg", None
     thread_runner = ThreadOffloadRunner(sync_sessions, limit=limit)
 
     async def thread_offload_submit(request: Request) -> PlainTextResponse:
         await thread_runner.submit(sync_unit(ops[request.path_params["i"]], _noop))
         return PlainTextResponse("ok")
 
-    return thread_offload_submit, [thread_runner.aclose, dispose], "psycopg"
+    return thread_offload_submit, [thread_runner.aclose, dispose], "psycopg", None
 
 
 async def _variant(ctx: Context, variant: Variant) -> None:
@@ -211,7 +251,7 @@ async def _variant(ctx: Context, variant: Variant) -> None:
     label = variant.label()
     app_name = ctx.app_name(label)
     limit = variant.limit or ctx.limit
-    endpoint, cleanup, driver = _build(ctx, variant.kind, limit, app_name)
+    endpoint, cleanup, driver, bulk = _build(ctx, variant, limit, app_name)
     app = Starlette(routes=[Route("/ping", _ping), Route("/db/{i:int}", endpoint)])
     switch_interval = sys.getswitchinterval()
     try:
@@ -220,13 +260,17 @@ async def _variant(ctx: Context, variant: Variant) -> None:
         if variant.gc_freeze:
             gc.collect()
             gc.freeze()
-        await _serve_and_load(ctx, app, variant, limit, label, app_name, driver)
+        if bulk is not None:
+            bulk.start()
+        await _serve_and_load(ctx, app, variant, limit, label, app_name, driver, bulk)
     finally:
         sys.setswitchinterval(switch_interval)  # this process's, restored whatever happened
         if variant.gc_freeze:
             gc.unfreeze()
         for close in cleanup:
             await close()
+        if bulk is not None and bulk.error and ctx.results and ctx.results[-1].label == label:
+            ctx.results[-1].extra["bulk_error"] = bulk.error
 
 
 def _async(fn: Callable[[], Any]) -> Callable[[], Awaitable[None]]:
@@ -237,7 +281,14 @@ def _async(fn: Callable[[], Any]) -> Callable[[], Awaitable[None]]:
 
 
 async def _serve_and_load(
-    ctx: Context, app: Starlette, variant: Variant, limit: int, label: str, app_name: str, driver: str
+    ctx: Context,
+    app: Starlette,
+    variant: Variant,
+    limit: int,
+    label: str,
+    app_name: str,
+    driver: str,
+    bulk: BulkJob | None = None,
 ) -> None:
     # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP.
     # Without it each response's body waits ~40 ms behind its headers for the client's delayed
@@ -270,14 +321,20 @@ async def _serve_and_load(
     }
     if variant.kind == "threadpool":
         config_out["threads"] = "Starlette's threadpool (anyio's default limiter: 40 threads)"
+    if bulk is not None:
+        config_out.update(
+            priority=variant.priority, reserve=variant.reserve, bulk="mixed.BulkJob, priority 0"
+        )
     try:
-        await _load(ctx, f"http://127.0.0.1:{port}", label, app_name, config_out)
+        await _load(ctx, f"http://127.0.0.1:{port}", label, app_name, config_out, bulk)
     finally:
         server.should_exit = True
         await serving
 
 
-async def _load(ctx: Context, base: str, label: str, app_name: str, config: dict[str, Any]) -> None:
+async def _load(
+    ctx: Context, base: str, label: str, app_name: str, config: dict[str, Any], bulk: BulkJob | None = None
+) -> None:
     """Run the pinger and the load generator against ``base`` inside a Probe."""
     requests = config["requests"]
     child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -292,8 +349,10 @@ async def _load(ctx: Context, base: str, label: str, app_name: str, config: dict
             ctx, "loop-lag", label, total=requests, app_name=app_name, group="loop-lag", config=config
         )
         threads_seen = 0
+        window = (0.0, 0.0)
         with GcPauses() as collections:
             async with probe as p:
+                started = time.perf_counter()
                 for proc in (pinger, loadgen):
                     assert proc.stdin is not None
                     proc.stdin.write(b"go\n")
@@ -303,6 +362,7 @@ async def _load(ctx: Context, base: str, label: str, app_name: str, config: dict
                 p.failed = result["errors"]
                 p.done = result["db_ok"]
                 threads_seen = threading.active_count()
+                window = (started, time.perf_counter())
         assert pinger.stdin is not None
         pinger.stdin.close()
         if probe.m.error is None:
@@ -311,6 +371,8 @@ async def _load(ctx: Context, base: str, label: str, app_name: str, config: dict
             child_cpu = child1.ru_utime + child1.ru_stime - child0.ru_utime - child0.ru_stime
             _summarise(probe.m, result, pings, child_cpu)
             probe.m.extra.update(server_threads=threads_seen, **collections.summary())
+            if bulk is not None:
+                probe.m.extra.update(bulk.summary(*window))
     finally:
         for proc in (pinger, loadgen):
             if proc.returncode is None:
