@@ -29,10 +29,12 @@ from . import (
     _charts,
     _report,
     _report_auto,
+    _report_fleet,
     _report_mixed,
     async_unbounded,
     auto_limit,
     chunked,
+    fleet,
     hand_rolled,
     instructions,
     limit_sweep,
@@ -63,6 +65,7 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "limit-sweep": limit_sweep.run,
     "auto-limit": auto_limit.run,
     "mixed": mixed.run,
+    "fleet": fleet.run,
     "loop-lag": loop_lag.run,
     "memory": memory.run,
 }
@@ -278,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         _charts.loop_lag(out / "loop_lag.png", [m for m in ctx.results if m.group == "loop-lag"]),
         _report_auto.chart(out / "auto_limit.png", [m for m in ctx.results if m.group == "auto"]),
         _report_mixed.chart(out / "mixed.png", [m for m in ctx.results if m.group == mixed.GROUP]),
+        _report_fleet.chart(out / "fleet.png", [m for m in ctx.results if m.group == fleet.GROUP]),
     ]
     (out / "report.md").write_text(text)
     _report.write_json(out / "results.json", env, ctx.results, data)

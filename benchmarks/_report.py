@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from . import _report_auto, _report_mixed, instructions, mixed, overhead
+from . import _report_auto, _report_fleet, _report_mixed, fleet, instructions, mixed, overhead
 from ._harness import Measurement
 from ._report_loop import INLINE, best_boundeddb, loop_table, ping_paragraph
 
@@ -484,6 +484,9 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
     loop = [m for m in results if m.group == "loop-lag"]
     if mixed_rows := [m for m in results if m.group == mixed.GROUP]:
         lines, data["mixed"] = _report_mixed.section(mixed_rows, loop)
+        out += lines
+    if fleet_rows := [m for m in results if m.group == fleet.GROUP]:
+        lines, data["fleet"] = _report_fleet.section(fleet_rows)
         out += lines
     if loop:
         out += ["## Loop lag under HTTP load", "", *loop_table(loop), "", *ping_paragraph(loop)]

@@ -13,6 +13,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from . import mixed
+from ._figures import measured as _ok
+from ._figures import median_of as _median
+from ._figures import shown as _f
 from ._harness import Measurement
 from .loop_lag import BULK_KIND
 
@@ -27,19 +30,6 @@ NAMES = {
     "priority": f"priority=1, L={mixed.LIMIT}",
     "reserve": f"priority=1, reserve={mixed.RESERVE}, L={mixed.LIMIT}",
 }
-
-
-def _ok(rows: list[Measurement]) -> list[Measurement]:
-    return [m for m in rows if not m.error and m.ops_per_s]
-
-
-def _f(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def _median(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
 
 
 def _bulk_ratios(rows: list[Measurement], name: str) -> list[float]:

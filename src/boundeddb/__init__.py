@@ -24,6 +24,7 @@ from ._errors import (
     UnitTimeout,
 )
 from ._outcome import Outcome, RunReport
+from ._pgbouncer import pgbouncer_engine_options
 from ._retry import RetryPolicy, is_transient
 from ._runners.chunked import ChunkedRunner
 from ._runners.semaphore import SemaphoreRunner
@@ -53,6 +54,7 @@ __all__ = [
     "UnitTimeout",
     "__version__",
     "is_transient",
+    "pgbouncer_engine_options",
 ]
 
 # Public paths in reprs, tracebacks, pickles and Sphinx (as trio and httpx do).

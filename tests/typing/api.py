@@ -30,6 +30,7 @@ from boundeddb import (
     ThreadOffloadRunner,
     UnitTimeout,
     is_transient,
+    pgbouncer_engine_options,
 )
 
 if sys.version_info >= (3, 11):
@@ -160,6 +161,13 @@ def stats(report: RunReport[int]) -> None:
     assert_type(s.latency_max_s, float)
     assert_type(s.loop_lag_p99_s, float | None)
     assert_type(s.loop_lag_max_s, float | None)
+
+
+def behind_a_pooler() -> None:
+    options = pgbouncer_engine_options("postgresql+asyncpg://app@pgbouncer:6432/app")
+    assert_type(options, dict[str, Any])
+    create_async_engine("postgresql+asyncpg://app@pgbouncer:6432/app", pool_size=5, **options)
+    pgbouncer_engine_options(5)  # type: ignore[arg-type]
 
 
 def errors_and_retry(error: Exception) -> None:
