@@ -35,6 +35,7 @@ from . import (
     auto_limit,
     chunked,
     fleet,
+    gevent_pool,
     hand_rolled,
     instructions,
     limit_sweep,
@@ -58,6 +59,7 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "semaphore": semaphore.run,
     "threads": threads.run,
     "threads-psycopg2": threads.run_psycopg2,
+    "gevent": gevent_pool.run,
     "hand-rolled": hand_rolled.run,
     "raw-asyncpg": raw_asyncpg.run,
     "overhead": overhead.run,
@@ -77,6 +79,7 @@ THROUGHPUT = (
     "semaphore",
     "threads",
     "threads-psycopg2",
+    "gevent",
     "hand-rolled",
     "raw-asyncpg",
 )
@@ -85,6 +88,7 @@ INDEX_PASS = (*THROUGHPUT, "overhead", "instructions", "limit-sweep", "auto-limi
 PACKAGES = (
     "boundeddb", "sqlalchemy", "asyncpg", "psycopg", "psycopg-binary", "psycopg2-binary", "greenlet",
     "anyio", "aiometer", "starlette", "uvicorn", "httpx", "pgserver", "matplotlib", "rich", "psutil",
+    "gevent", "psycogreen",
 )  # fmt: skip
 RESULTS = Path(__file__).with_name("results")
 #: Default DB requests per loop-lag variant: N/2, at most this (the scenario has 15 variants).

@@ -26,6 +26,11 @@ CASES = [
     ("threads-psycopg2", "asyncio"),
 ]
 CASE_IDS = [f"{kind}-{backend}" for kind, backend in CASES]
+#: asyncio with uvloop's event loop (post 001 and 002 ran on it): the same runners, another loop.
+UVLOOP = ("asyncio", {"use_uvloop": True})
+#: The contract and cancellation tests also run every async-capable kind under uvloop.
+UVLOOP_CASES = [("semaphore", UVLOOP), ("chunked", UVLOOP), ("threads-psycopg", UVLOOP)]
+UVLOOP_IDS = [f"{kind}-uvloop" for kind, _ in UVLOOP_CASES]
 
 
 def scalar_unit(is_async: bool, statement: Any, params: dict[str, Any]) -> Callable[[Any], Any]:

@@ -12,13 +12,13 @@ from sqlalchemy.engine import Engine
 
 from boundeddb import Outcome, RunFailed
 from tests.conftest import ActivitySampler, backends, committed_units, idle_in_transaction
-from tests.kits import CASE_IDS, CASES, Boom, Kit, StartGate, eventually
+from tests.kits import CASE_IDS, CASES, UVLOOP_CASES, UVLOOP_IDS, Boom, Kit, StartGate, eventually
 
 pytestmark = [
     pytest.mark.postgres,
     pytest.mark.anyio,
     pytest.mark.usefixtures("items_table"),
-    pytest.mark.parametrize(("kind", "anyio_backend"), CASES, ids=CASE_IDS),
+    pytest.mark.parametrize(("kind", "anyio_backend"), CASES + UVLOOP_CASES, ids=CASE_IDS + UVLOOP_IDS),
 ]
 
 
@@ -298,3 +298,16 @@ async def test_repr_shows_limit_and_state(kit: Kit) -> None:
     assert repr(runner) == f"<{type(runner).__name__} limit=3 in_flight=0 waiting=0>"
     await runner.aclose()
     assert repr(runner).endswith(" closed>")
+
+
+async def test_the_case_runs_on_the_event_loop_it_names(kind: str, anyio_backend: object) -> None:
+    """The uvloop cases really run on uvloop (anyio's ``use_uvloop``), the others on the default loop."""
+    import sniffio
+
+    if sniffio.current_async_library() == "trio":
+        assert anyio_backend == "trio"
+        return
+    import asyncio
+
+    loop_module = type(asyncio.get_running_loop()).__module__
+    assert loop_module.startswith("uvloop") == (anyio_backend != "asyncio"), (anyio_backend, loop_module)
