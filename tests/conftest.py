@@ -76,15 +76,18 @@ def pg_url(pg_server: PostgresServer) -> URL:
 async def make_async_engine(pg_server: PostgresServer, pg_schema: str, app_name: str) -> AsyncIterator[Any]:
     engines: list[AsyncEngine] = []
 
-    def make(*, ssl: bool | None = None, **pool: Any) -> AsyncEngine:
+    def make(*, ssl: bool | None = None, driver: str = "asyncpg", **pool: Any) -> AsyncEngine:
         pool.setdefault("pool_size", 10)
         pool.setdefault("max_overflow", 0)
-        connect_args: dict[str, Any] = {
-            "server_settings": {"search_path": pg_schema, "application_name": app_name}
-        }
-        if ssl is not None:  # ssl=False: no SSLRequest probe (see cancel_kit)
-            connect_args["ssl"] = ssl
-        engine = create_async_engine(driver_url(pg_server.url, "asyncpg"), connect_args=connect_args, **pool)
+        connect_args: dict[str, Any]
+        if driver == "psycopg":  # psycopg 3's async driver: libpq options, like the sync engines
+            connect_args = _sync_connect_args(pg_schema, app_name)
+        else:
+            connect_args = {"server_settings": {"search_path": pg_schema, "application_name": app_name}}
+            if ssl is not None:  # ssl=False: no SSLRequest probe (see cancel_kit)
+                connect_args["ssl"] = ssl
+        url = driver_url(pg_server.url, driver)  # type: ignore[arg-type]
+        engine = create_async_engine(url, connect_args=connect_args, **pool)
         engines.append(engine)
         return engine
 

@@ -31,6 +31,9 @@ UVLOOP = ("asyncio", {"use_uvloop": True})
 #: The contract and cancellation tests also run every async-capable kind under uvloop.
 UVLOOP_CASES = [("semaphore", UVLOOP), ("chunked", UVLOOP), ("threads-psycopg", UVLOOP)]
 UVLOOP_IDS = [f"{kind}-uvloop" for kind, _ in UVLOOP_CASES]
+#: The async runners on psycopg 3's async driver (``postgresql+psycopg`` with create_async_engine).
+PSYCOPG_ASYNC_CASES = [("semaphore-psycopg", "asyncio"), ("chunked-psycopg", "asyncio")]
+PSYCOPG_ASYNC_IDS = [f"{kind}-asyncio" for kind, _ in PSYCOPG_ASYNC_CASES]
 
 
 def scalar_unit(is_async: bool, statement: Any, params: dict[str, Any]) -> Callable[[Any], Any]:
@@ -87,9 +90,11 @@ class Kit:
         pool_size = pool_size or limit
         engine_options = _engine_options(options)
         if self.is_async:
+            if self.kind.endswith("-psycopg"):  # psycopg 3's async driver instead of asyncpg
+                engine_options["driver"] = "psycopg"
             self.engine = self._make_async_engine(pool_size=pool_size, **engine_options)
             sessions: Any = async_sessionmaker(self.engine)
-            if self.kind == "chunked":
+            if self.kind.startswith("chunked"):
                 return ChunkedRunner(sessions, chunk_size=limit, **options)
             return SemaphoreRunner(sessions, limit=limit, **options)
         driver = self.kind.removeprefix("threads-")

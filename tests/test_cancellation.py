@@ -24,7 +24,16 @@ from sqlalchemy.orm import Session
 from boundeddb import RetryPolicy
 from tests.conftest import Item, terminate_backends
 from tests.faults import Countdown, active_queries, assert_no_open_transactions, no_warnings, wait_until
-from tests.kits import CASE_IDS, CASES, UVLOOP_CASES, UVLOOP_IDS, Kit, StartGate
+from tests.kits import (
+    CASE_IDS,
+    CASES,
+    PSYCOPG_ASYNC_CASES,
+    PSYCOPG_ASYNC_IDS,
+    UVLOOP_CASES,
+    UVLOOP_IDS,
+    Kit,
+    StartGate,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.anyio, pytest.mark.usefixtures("items_table")]
 
@@ -77,7 +86,11 @@ def pausing_unit(kit: Kit, i: int, pause: float, finished: Finished, *, swallow:
     return sync_unit
 
 
-@pytest.mark.parametrize(("kind", "anyio_backend"), CASES + UVLOOP_CASES, ids=CASE_IDS + UVLOOP_IDS)
+@pytest.mark.parametrize(
+    ("kind", "anyio_backend"),
+    CASES + UVLOOP_CASES + PSYCOPG_ASYNC_CASES,
+    ids=CASE_IDS + UVLOOP_IDS + PSYCOPG_ASYNC_IDS,
+)
 async def test_units_in_flight_when_the_run_is_cancelled_never_commit(kit: Kit, admin: Engine) -> None:
     """Units still running when the run is cancelled roll back, even if they go on and return."""
     runner = kit.runner(limit=5)
@@ -203,6 +216,7 @@ async def test_a_run_cancelled_while_its_connections_open_leaks_nothing_into_the
 CANCEL_SEEDS = 200
 CANCEL_CASES = [
     ("semaphore", "asyncio"),
+    ("semaphore-psycopg", "asyncio"),
     ("chunked", "asyncio"),
     ("threads-psycopg", "asyncio"),
     ("threads-psycopg", "trio"),

@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("collect_garbage")]
 HANG_CASES = [
     ("semaphore", "asyncio"),
     ("chunked", "asyncio"),
+    ("semaphore-psycopg", "asyncio"),
     ("threads-psycopg", "asyncio"),
     ("threads-psycopg", "trio"),
     ("threads-psycopg2", "asyncio"),

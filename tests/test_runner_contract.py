@@ -12,19 +12,37 @@ from sqlalchemy.engine import Engine
 
 from boundeddb import Outcome, RunFailed
 from tests.conftest import ActivitySampler, backends, committed_units, idle_in_transaction
-from tests.kits import CASE_IDS, CASES, UVLOOP_CASES, UVLOOP_IDS, Boom, Kit, StartGate, eventually
+from tests.kits import (
+    CASE_IDS,
+    CASES,
+    PSYCOPG_ASYNC_CASES,
+    PSYCOPG_ASYNC_IDS,
+    UVLOOP_CASES,
+    UVLOOP_IDS,
+    Boom,
+    Kit,
+    StartGate,
+    eventually,
+)
 
 pytestmark = [
     pytest.mark.postgres,
     pytest.mark.anyio,
     pytest.mark.usefixtures("items_table"),
-    pytest.mark.parametrize(("kind", "anyio_backend"), CASES + UVLOOP_CASES, ids=CASE_IDS + UVLOOP_IDS),
+    pytest.mark.parametrize(
+        ("kind", "anyio_backend"),
+        CASES + UVLOOP_CASES + PSYCOPG_ASYNC_CASES,
+        ids=CASE_IDS + UVLOOP_IDS + PSYCOPG_ASYNC_IDS,
+    ),
 ]
 
 
 def assert_no_leaks(kit: Kit, admin: Engine, app_name: str) -> None:
     assert kit.pool.checkedout() == 0
-    assert idle_in_transaction(admin, app_name) == 0
+    # A connection the runner discarded (a cancelled unit's) is closed by the time the runner returns,
+    # but the server may see the close a moment later: psycopg's async driver showed its transaction
+    # "idle in transaction" for 1-2 ms. One still there after that was left open.
+    assert eventually(lambda: idle_in_transaction(admin, app_name) == 0, 2)
     # A cancelled statement may take a moment to leave pg_stat_activity's "active" state.
     assert eventually(lambda: backends(admin, app_name, state_like="active") == 0)
 
