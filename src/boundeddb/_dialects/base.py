@@ -109,6 +109,9 @@ class Dialect:
 
     # -- stopping statements ------------------------------------------------------------------------
 
+    def watch(self, engine: Any) -> None:
+        """Set up what this database needs on a runner's engine (once per pool); nothing by default."""
+
     def statement_timeout_sql(self, timeout: float) -> str | None:
         """SQL that makes the server stop any statement of this transaction after ``timeout`` s, if any."""
         return None

@@ -1,22 +1,59 @@
-"""MySQL and MariaDB: which of their errors are worth a fresh transaction."""
+"""
+MySQL and MariaDB (aiomysql, asyncmy, pymysql, mysqlclient): transient errors, lost connections,
+and stopping a statement on the server.
+
+A MySQL server goes on running a statement whose client went away: closing the socket of a
+cancelled or timed-out unit does not stop its ``UPDATE``.  The only way is ``KILL QUERY <id>`` from
+another connection.  So a runner on MySQL watches its engine's pool: when a connection is
+invalidated (SQLAlchemy discards a connection whose statement was interrupted, and the runner
+discards one on a failed COMMIT or rollback), its statement, if any, is killed from a short-lived
+side connection opened with the engine's own URL (pymysql, in a thread of its own, so that an
+event loop never waits for it); a thread's statement is killed the same way when its run is
+cancelled.  A cancelled connection is never returned to the pool: the async drivers' protocol is
+left mid-reply (asyncmy#103), and SQLAlchemy invalidates it.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import weakref
+from typing import Any
+
+from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Engine
 
 from .base import Dialect
 
 __all__ = ["DIALECT", "NAMES", "MySQL"]
 
+logger = logging.getLogger("boundeddb")
+
 NAMES = ("mysql", "mariadb")
 
 #: MySQL/MariaDB error numbers that mean "the same transaction may well succeed if run again".
+#: A deadlock (1213) rolls the whole transaction back; a lock wait timeout (1205) only the statement,
+#: but the runner rolls back the whole unit before it retries it.
 TRANSIENT_ERRNOS = frozenset(
     {
         1213,  # ER_LOCK_DEADLOCK
         1205,  # ER_LOCK_WAIT_TIMEOUT
     }
 )
+#: Error numbers of a connection that is gone.
+LOST_ERRNOS = frozenset(
+    {
+        1053,  # ER_SERVER_SHUTDOWN
+        1927,  # ER_CONNECTION_KILLED (MariaDB)
+        2003,  # CR_CONN_HOST_ERROR: cannot connect
+        2006,  # CR_SERVER_GONE_ERROR
+        2013,  # CR_SERVER_LOST
+        2055,  # CR_SERVER_LOST_EXTENDED
+    }
+)
+#: ER_NO_SUCH_THREAD: the statement's connection is already gone, nothing to kill.
+NO_SUCH_THREAD = 1094
 
 
 def errno(error: BaseException | None) -> object:
@@ -25,13 +62,97 @@ def errno(error: BaseException | None) -> object:
     return args[0] if args else None
 
 
+def server_thread_id(dbapi_connection: Any) -> int | None:
+    """The server's id of a DBAPI connection (pymysql, aiomysql and asyncmy keep it from the handshake)."""
+    raw = getattr(dbapi_connection, "driver_connection", dbapi_connection)  # SQLAlchemy's async adapters
+    ident = getattr(raw, "server_thread_id", None)
+    if isinstance(ident, tuple) and ident:
+        ident = ident[0]
+    if isinstance(ident, int):
+        return ident
+    thread_id = getattr(raw, "thread_id", None)  # mysqlclient
+    return int(thread_id()) if callable(thread_id) else None
+
+
+def kill_query(url: URL, thread_id: int) -> None:
+    """``KILL QUERY thread_id`` from a new pymysql connection to ``url``'s server; failures are logged."""
+    try:
+        import pymysql  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:  # pragma: no cover - the mysql extra installs it
+        logger.warning("MySQL: cannot stop a statement on the server without pymysql (boundeddb[mysql])")
+        return
+    options: dict[str, Any] = {
+        "host": url.host or "localhost",
+        "port": url.port or 3306,
+        "user": url.username or "",
+        "password": url.password or "",
+        "connect_timeout": 5,
+    }
+    if socket := url.query.get("unix_socket"):
+        options["unix_socket"] = socket
+    try:
+        connection = pymysql.connect(**options)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f"KILL QUERY {int(thread_id)}")
+        finally:
+            connection.close()
+    except Exception as error:
+        if errno(error) != NO_SUCH_THREAD:
+            logger.warning("MySQL: KILL QUERY %d failed: %s", thread_id, error)
+        return
+    logger.debug("MySQL: KILL QUERY %d sent", thread_id)
+
+
 class MySQL(Dialect):
     name = "mysql"
+
+    def __init__(self) -> None:
+        #: The URL of the engine each DBAPI connection came from, for the side connection.
+        self._urls: weakref.WeakKeyDictionary[Any, URL] = weakref.WeakKeyDictionary()
+        self._watched: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def _is_lost(self, orig: BaseException) -> bool:
+        if errno(orig) in LOST_ERRNOS:
+            return True
+        return super()._is_lost(orig)
 
     def is_transient(self, error: BaseException) -> bool:
         if self.is_connection_error(error):
             return True
         return isinstance(error, sa_exc.DBAPIError) and errno(error.orig) in TRANSIENT_ERRNOS
+
+    def watch(self, engine: Engine) -> None:
+        with self._lock:
+            if engine.pool in self._watched:
+                return
+            self._watched.add(engine.pool)
+        url = engine.url
+
+        def on_connect(dbapi_connection: Any, _record: Any) -> None:
+            self._urls[_key(dbapi_connection)] = url
+
+        def on_invalidate(dbapi_connection: Any, _record: Any, _exception: BaseException | None) -> None:
+            thread_id = server_thread_id(dbapi_connection)
+            if thread_id is not None:  # never block the caller (an event loop): a thread of its own
+                threading.Thread(target=kill_query, args=(url, thread_id), daemon=True).start()
+
+        event.listen(engine.pool, "connect", on_connect)
+        event.listen(engine.pool, "invalidate", on_invalidate)
+
+    def cancel_statement(self, dbapi_connection: Any) -> None:
+        url = self._urls.get(_key(dbapi_connection))
+        thread_id = server_thread_id(dbapi_connection)
+        if url is None or thread_id is None:
+            logger.debug("MySQL: no way to stop this connection's statement")
+            return
+        kill_query(url, thread_id)
+
+
+def _key(dbapi_connection: Any) -> Any:
+    """The driver's own connection object (what a thread's unit sees as the DBAPI connection)."""
+    return getattr(dbapi_connection, "driver_connection", dbapi_connection)
 
 
 DIALECT = MySQL()

@@ -45,6 +45,22 @@ RunnerT = TypeVar("RunnerT", bound="BaseRunner")
 _NULL_RECORDER = NullRecorder()
 
 
+def _controller(plan: LimitPlan, limiter: Limiter, dialect: Dialect) -> LimitController | None:
+    """The controller that moves the limit of a ``limit="auto"`` runner; None for a fixed limit."""
+    if not plan.auto:
+        return None
+    return LimitController(
+        limiter, low=plan.low, high=plan.high, initial=plan.initial, is_overload=dialect.is_overload
+    )
+
+
+def _describe(name: str, stats: RunnerStatistics, closed: bool) -> str:
+    """A runner's repr: its limit (and reserve), what it holds and what waits, and whether it is closed."""
+    reserve = f" reserve={stats.reserve}" if stats.reserve else ""
+    state = " closed" if closed else ""
+    return f"<{name} limit={stats.limit}{reserve} in_flight={stats.in_flight} waiting={stats.waiting}{state}>"
+
+
 class BaseRunner:
     """Shared machinery; see the concrete runners for the public API."""
 
@@ -71,18 +87,10 @@ class BaseRunner:
         self._retry: RetryPolicy = check_retry(retry)
         self._timeout = check_timeout(timeout)
         self._dialect: Dialect = for_name(engine.dialect.name)
-        self._controller: LimitController | None = None
-        if plan.auto:
-            self._controller = LimitController(
-                self._limiter,
-                low=plan.low,
-                high=plan.high,
-                initial=plan.initial,
-                is_overload=self._dialect.is_overload,
-            )
-            self._attempts = Attempts(self._retry, failed=self._controller.failed)
-        else:
-            self._attempts = Attempts(self._retry)
+        self._dialect.watch(engine)
+        self._controller = _controller(plan, self._limiter, self._dialect)
+        failed = self._controller.failed if self._controller is not None else None
+        self._attempts = Attempts(self._retry, failed=failed)
         self._executor: Executor[Any] = self._new_executor()
         self._closed = False
         self._loop_token: object = None
@@ -123,13 +131,7 @@ class BaseRunner:
         return self._limiter.statistics()
 
     def __repr__(self) -> str:
-        stats = self._limiter.statistics()
-        reserve = f" reserve={stats.reserve}" if stats.reserve else ""
-        state = " closed" if self._closed else ""
-        return (
-            f"<{type(self).__name__} limit={stats.limit}{reserve} in_flight={stats.in_flight} "
-            f"waiting={stats.waiting}{state}>"
-        )
+        return _describe(type(self).__name__, self._limiter.statistics(), self._closed)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
