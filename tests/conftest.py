@@ -6,7 +6,7 @@ import gc
 import os
 import secrets
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +16,7 @@ from sqlalchemy import Column, Integer, String, create_engine, text
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, sessionmaker
+from typing_extensions import Self
 
 from boundeddb.testing import PostgresServer, driver_url, postgres
 
@@ -174,36 +175,46 @@ def committed_units(admin: Engine) -> list[int]:
         return sorted(connection.execute(text("SELECT unit FROM items")).scalars())
 
 
-class ActivitySampler:
-    """Counts the test's backends in pg_stat_activity from its own connection, every 10 ms."""
+class PeakSampler:
+    """In a thread of its own, calls ``count()`` every 10 ms while open and keeps the peak."""
 
-    def __init__(self, admin: Engine, app: str) -> None:
-        self._admin = admin
-        self._app = app
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
         self.peak = 0
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        query = text(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name = :app AND backend_type = 'client backend'"
-        )
-        with self._admin.connect() as connection:
-            while not self._stop.is_set():
-                count = int(connection.execute(query, {"app": self._app}).scalar_one())
-                self.peak = max(self.peak, count)
-                self.samples += 1
-                self._stop.wait(0.01)
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._count())
+            self.samples += 1
+            self._stop.wait(0.01)
 
-    def __enter__(self) -> ActivitySampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class ActivitySampler(PeakSampler):
+    """Counts the test's backends in pg_stat_activity from its own connection, every 10 ms."""
+
+    QUERY = text(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE application_name = :app AND backend_type = 'client backend'"
+    )
+
+    def __init__(self, admin: Engine, app: str) -> None:
+        super().__init__(self._backends)
+        self._admin, self._app = admin, app
+
+    def _backends(self) -> int:
+        with self._admin.connect() as connection:
+            return int(connection.execute(self.QUERY, {"app": self._app}).scalar_one())
 
 
 @pytest.fixture

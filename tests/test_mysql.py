@@ -33,6 +33,7 @@ from boundeddb import (
     UnitTimeout,
     is_transient,
 )
+from tests.conftest import PeakSampler
 from tests.kits import eventually
 
 pymysql = pytest.importorskip("pymysql", reason="the MySQL drivers are in the test extra (boundeddb[mysql])")
@@ -224,35 +225,12 @@ async def kit(kind: str, driver: str, table: str, marker: str) -> Any:
     await k.dispose()
 
 
-class Sampler:
-    """The most marked statements running at once, from the processlist every 10 ms."""
-
-    def __init__(self, admin: Engine, marker: str) -> None:
-        self.admin, self.marker, self.peak, self.samples = admin, marker, 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, len(marked(self.admin, self.marker)))
-            self.samples += 1
-            self._stop.wait(0.01)
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 @every_kind
 @pytest.mark.anyio
 async def test_the_bound_order_commits_and_failures(kit: MyKit, admin: Engine, marker: str) -> None:
     """40 units at limit 4: at most 4 statements and connections; order kept; a failure rolled back alone."""
     runner = kit.runner(limit=4, errors="collect")
-    with Sampler(admin, marker) as sampler:
+    with PeakSampler(lambda: len(marked(admin, marker))) as sampler:
         report = await runner.run([kit.unit(i, sleep=0.05, fail=i == 7) for i in range(40)])
     assert [o.index for o in report.outcomes] == list(range(40))
     assert [o.value for o in report.outcomes if o.ok] == [i for i in range(40) if i != 7]
