@@ -43,6 +43,7 @@ from . import (
     memory,
     mixed,
     overhead,
+    post004,
     raw_asyncpg,
     semaphore,
     sync,
@@ -69,6 +70,7 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "mixed": mixed.run,
     "fleet": fleet.run,
     "loop-lag": loop_lag.run,
+    "post-004": post004.run,
     "memory": memory.run,
 }
 #: Scenarios that run the op sequence once and give a row of the throughput table.

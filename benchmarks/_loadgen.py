@@ -6,7 +6,9 @@ requests (or as many as it can before DEADLINE_S seconds) to ``BASE_URL/db/{i}``
 CONCURRENCY workers, each with its own ``httpx.AsyncClient`` and
 keep-alive connection (one client shared by 50 workers spends most of its CPU in its own pool).
 ``python _loadgen.py ping BASE_URL`` sends one ``/ping`` at a time, 20 ms apart, with a sync
-``httpx.Client``, until its standard input closes.
+``httpx.Client``, until its standard input closes.  ``python _loadgen.py burst BASE_URL PATH N``
+is post 004's ``run_test.py``: N requests to PATH and N to ``/ping``, all at once (the
+``post-004`` scenario).
 
 Both connect, print ``ready``, wait for a ``go`` line on standard input, then work and print one
 JSON object.  Every loop is bounded in count and by a deadline, and they only talk to the
@@ -102,6 +104,30 @@ def ping(base: str) -> dict[str, Any]:
     return {"ping_latencies": latencies, "errors": len(errors), "first_error": errors[0] if errors else None}
 
 
+async def burst(base: str, path: str, n: int) -> dict[str, Any]:
+    """``n`` requests to ``path`` and ``n`` to ``/ping``, all in flight at once: each one's seconds."""
+    async with httpx.AsyncClient(
+        base_url=base, timeout=300.0, limits=httpx.Limits(max_connections=None)
+    ) as client:
+        await client.get("/ping")
+        _handshake()
+
+        async def one(target: str) -> tuple[str, float, bool]:
+            start = time.perf_counter()
+            try:
+                ok = (await client.get(target)).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            return target, time.perf_counter() - start, ok
+
+        results = await asyncio.gather(*(one(t) for _ in range(n) for t in (path, "/ping")))
+    return {
+        "db_latencies": [s for t, s, ok in results if t == path and ok],
+        "ping_latencies": [s for t, s, ok in results if t == "/ping" and ok],
+        "errors": sum(1 for _, _, ok in results if not ok),
+    }
+
+
 if __name__ == "__main__":
     mode, base_url = sys.argv[1], sys.argv[2]
     _check(base_url)
@@ -109,6 +135,8 @@ if __name__ == "__main__":
         n_requests, n_workers, ops = map(int, sys.argv[3:6])
         limit_s = float(sys.argv[6]) if len(sys.argv) > 6 else DEADLINE_S
         result = asyncio.run(db(base_url, n_requests, n_workers, ops, limit_s))
+    elif mode == "burst":
+        result = asyncio.run(burst(base_url, sys.argv[3], int(sys.argv[4])))
     else:
         result = ping(base_url)
     print(json.dumps(result), flush=True)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from . import _report_auto, _report_fleet, _report_mixed, fleet, instructions, mixed, overhead
+from . import _report_auto, _report_fleet, _report_mixed, fleet, instructions, mixed, overhead, post004
 from ._harness import Measurement
 from ._report_loop import INLINE, best_boundeddb, loop_table, ping_paragraph
 
@@ -490,6 +490,8 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         out += lines
     if loop:
         out += ["## Loop lag under HTTP load", "", *loop_table(loop), "", *ping_paragraph(loop)]
+    if p004 := [m for m in results if m.group == post004.GROUP]:
+        out += post004.section(p004)
     if mem := [m for m in results if m.group == "memory"]:
         out += ["## Memory", "", *memory_table(mem), ""]
     ratio = data["ratios"].get("faithful") or ratios(main, "faithful")

@@ -36,7 +36,7 @@ pytest.importorskip("httptools", reason="httptools is part of the test extra")
 
 pytestmark = [pytest.mark.postgres]
 
-SLOW_S = 0.5
+SLOW_S = 1.0
 SLOW_REQUESTS = 50
 LIMIT = 10
 
