@@ -7,6 +7,7 @@ import threading
 
 import anyio
 import anyio.abc
+import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import pytest
@@ -186,6 +187,8 @@ async def test_worker_threads_read_the_figures_safely() -> None:
     stop = threading.Event()
     broken: list[RunnerStatistics] = []
 
+    reading = anyio.Event()
+
     def read() -> int:
         reads = 0
         while not stop.is_set():
@@ -194,6 +197,8 @@ async def test_worker_threads_read_the_figures_safely() -> None:
             if not 0 <= stats.in_flight <= stats.limit or stats.waiting < 0:
                 broken.append(stats)
             reads += 1
+            if reads == 1:  # the churn starts once this thread reads (a loaded machine starts it late)
+                anyio.from_thread.run_sync(reading.set)
         return reads
 
     async def churn() -> None:
@@ -209,6 +214,7 @@ async def test_worker_threads_read_the_figures_safely() -> None:
 
     async with anyio.create_task_group() as group:
         group.start_soon(reader)
+        await reading.wait()
         async with anyio.create_task_group() as churners:
             for _ in range(6):
                 churners.start_soon(churn)
