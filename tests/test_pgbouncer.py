@@ -199,8 +199,10 @@ def test_without_the_options_asyncpg_fails_behind_the_pooler(bouncer: PgBouncer)
         try:
 
             async def one(i: int) -> None:
-                async with engine.begin() as c:
-                    for _ in range(20):
+                # Many short transactions per client connection: a statement asyncpg prepared in one
+                # lands, in the next transaction, on whichever server connection the pooler hands out.
+                for _ in range(20):
+                    async with engine.begin() as c:
                         await c.execute(text("SELECT CAST(:i AS int)"), {"i": i})
 
             await asyncio.gather(*(one(i) for i in range(20)))
