@@ -10,8 +10,10 @@ next.  So this scenario measures four pairs, each side on the same op functions,
 * ``semaphore``: ``SemaphoreRunner(limit=L)`` against a hand-written sliding window, L worker
   coroutines pulling ops from one shared iterator, an AsyncSession per op (asyncpg).  In the same
   rounds, as peers (informational, compared with the same hand-written window): the tutorial
-  pattern, ``asyncio.gather`` over a task per op behind ``asyncio.Semaphore(L)``, and
-  ``aiometer.run_on_each(fn, ops, max_at_once=L)``;
+  pattern, ``asyncio.gather`` over a task per op behind ``asyncio.Semaphore(L)``,
+  ``aiometer.run_on_each(fn, ops, max_at_once=L)``, and ``SemaphoreRunner(limit=L,
+  verify_commits=True)`` (the cost of reading each writing unit's transaction id before COMMIT:
+  its ratio beside the plain runner's);
 * ``chunked``: ``ChunkedRunner(chunk_size=L)`` against ``asyncio.gather`` over each consecutive
   chunk of L ops (asyncpg);
 * ``threads``: ``ThreadOffloadRunner(limit=L).run_sync(units)`` against
@@ -41,9 +43,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from boundeddb import SemaphoreRunner
+
 from . import chunked, hand_rolled, semaphore, threads
-from ._harness import Context, Measurement
-from ._workload import Op
+from ._harness import Context, Measurement, Probe
+from ._library import record
+from ._workload import Op, async_unit
 
 #: The most ops one overhead measurement runs (N_overhead = min(N, this)).
 MAX_OPS = 3_000
@@ -88,6 +95,33 @@ class Pair:
 
 def _semaphore(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
     asyncio.run(semaphore.measure(ctx, limit, ops, group=group, label=label))
+
+
+async def _measure_verified(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    """:func:`semaphore.measure` with ``verify_commits=True`` (the runner under its own label)."""
+    ctx.reset()
+    app = ctx.app_name(label)
+    engine = ctx.db.async_engine(app, pool_size=limit)
+    sessions = async_sessionmaker(engine, expire_on_commit=False)
+    config = {
+        "driver": "asyncpg",
+        "limit": limit,
+        "pool_size": limit,
+        "max_overflow": 0,
+        "verify_commits": True,
+    }
+    try:
+        async with (
+            SemaphoreRunner(sessions, limit=limit, errors="collect", verify_commits=True) as runner,
+            Probe(ctx, "semaphore", label, total=len(ops), app_name=app, group=group, config=config) as p,
+        ):
+            record(p, await runner.run([async_unit(op, p.tick) for op in ops]))
+    finally:
+        await engine.dispose()
+
+
+def _semaphore_verified(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(_measure_verified(ctx, limit, ops, group, label))
 
 
 def _window(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
@@ -135,6 +169,12 @@ PAIRS: dict[str, Pair] = {
             Side(LIBRARY, "semaphore", "SemaphoreRunner(limit=L).run", _semaphore),
             Side(HAND_WRITTEN, "hand-written window", "L worker coroutines on one shared iterator", _window),
             (
+                Side(
+                    "verify-commits",
+                    "semaphore verify_commits",
+                    "SemaphoreRunner(limit=L, verify_commits=True).run",
+                    _semaphore_verified,
+                ),
                 Side(
                     "tutorial", "tutorial gather+Semaphore", "gather, a task per op, Semaphore(L)", _tutorial
                 ),

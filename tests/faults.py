@@ -161,6 +161,8 @@ class Killer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="killer", daemon=True)
         self.terminated = 0
+        #: Of those, the backends that were running a COMMIT as they were picked (pg_stat_activity).
+        self.in_commit = 0
         self.rounds = 0
         self.error: BaseException | None = None
 
@@ -171,19 +173,25 @@ class Killer:
                 if self._stop.is_set() or time.monotonic() > deadline:
                     return
             # One backend at a time, sometimes all of them: kills in every phase of a unit.
+            committing = "state = 'active' AND query ILIKE 'commit%'"
             one = text(
-                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM ("
-                "SELECT pid FROM pg_stat_activity WHERE application_name = :app "
-                "AND backend_type = 'client backend' ORDER BY random() LIMIT 1) AS victims"
+                f"SELECT count(*) FILTER (WHERE killed), count(*) FILTER (WHERE killed AND committing) "
+                f"FROM (SELECT pg_terminate_backend(pid) AS killed, {committing} AS committing FROM ("
+                "SELECT pid, state, query FROM pg_stat_activity WHERE application_name = :app "
+                "AND backend_type = 'client backend' ORDER BY random() LIMIT 1) AS victims) AS kills"
             )
             every = text(
-                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = :app AND backend_type = 'client backend'"
+                f"SELECT count(*) FILTER (WHERE killed), count(*) FILTER (WHERE killed AND committing) "
+                f"FROM (SELECT pg_terminate_backend(pid) AS killed, {committing} AS committing "
+                "FROM pg_stat_activity WHERE application_name = :app "
+                "AND backend_type = 'client backend') AS kills"
             )
             with self._admin.connect() as connection:
                 while not self._stop.is_set() and self._progress.value < self._stop_at:
                     query = every if self._rng.random() < 0.1 else one
-                    self.terminated += int(connection.execute(query, {"app": self._app}).scalar_one())
+                    killed, in_commit = connection.execute(query, {"app": self._app}).one()
+                    self.terminated += int(killed)
+                    self.in_commit += int(in_commit)
                     self.rounds += 1
                     self._stop.wait(self._every * self._rng.uniform(0.5, 1.5))
         except BaseException as error:  # pragma: no cover - surfaced by stop()

@@ -41,7 +41,17 @@ class Outcome(Generic[T]):
     #: the commit's fate unknown (the connection was lost, or the unit was cancelled or timed out
     #: mid-commit): the transaction may have committed. Such a unit is never retried. Give units a
     #: unique key (or another idempotency check) and look it up to learn what happened.
+    #: With ``verify_commits=True`` on PostgreSQL the runner asks the server first, and sets it only
+    #: if no answer came within its wait.
     commit_unknown: bool = False
+    #: ``True`` if the connection was lost while the runner committed the unit's last attempt and
+    #: the runner learned from the server what became of it (``verify_commits=True``): the unit
+    #: is ``ok`` if the server committed it, else it failed with that COMMIT's error and nothing
+    #: of it was committed (a retry policy may have run it again; then this describes the last
+    #: attempt only).
+    #:
+    #: .. versionadded:: 0.2.0
+    commit_verified: bool = False
 
     @property
     def ok(self) -> bool:

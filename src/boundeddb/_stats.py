@@ -64,6 +64,12 @@ class RunStats:
     #:
     #: .. versionadded:: 0.2.0
     limit_trace: tuple[tuple[float, int], ...] = ()
+    #: Units whose last COMMIT lost its connection and whose fate the runner learned from the
+    #: server instead of reporting ``commit_unknown`` (``verify_commits=True``; see
+    #: :attr:`Outcome.commit_verified <boundeddb.Outcome.commit_verified>`).
+    #:
+    #: .. versionadded:: 0.2.0
+    commits_verified: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -88,6 +88,7 @@ async def semaphore_runner() -> None:
         assert_type(outcome.attempts, int)
         assert_type(outcome.latency_s, float)
         assert_type(outcome.commit_unknown, bool)
+        assert_type(outcome.commit_verified, bool)
 
     async with SemaphoreRunner(async_sessions) as entered:
         assert_type(entered, SemaphoreRunner)
@@ -113,6 +114,13 @@ async def priorities_and_reserve() -> None:
     assert_type(threads.run_sync([sync_unit], priority=1), RunReport[str])
     assert_type(threads.statistics(), RunnerStatistics)
     stats.limit = 3  # type: ignore[misc]
+
+
+def verified_commits() -> None:
+    SemaphoreRunner(async_sessions, verify_commits=True, retry=RetryPolicy())
+    ChunkedRunner(async_sessions, chunk_size=4, verify_commits=True)
+    ThreadOffloadRunner(sync_sessions, limit=4, verify_commits=False)
+    SemaphoreRunner(async_sessions, verify_commits="yes")  # type: ignore[arg-type]
 
 
 async def chunked_runner() -> None:
@@ -151,6 +159,7 @@ def stats(report: RunReport[int]) -> None:
     assert_type(s.succeeded, int)
     assert_type(s.failed, int)
     assert_type(s.retried, int)
+    assert_type(s.commits_verified, int)
     assert_type(s.peak_in_flight, int)
     assert_type(s.peak_connections, int)
     assert_type(s.elapsed_s, float)

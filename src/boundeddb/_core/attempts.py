@@ -25,7 +25,15 @@ from .._outcome import Outcome
 from .limiter import Slot
 from .recorder import NullRecorder
 
-__all__ = ["Attempts", "CommitUnknown", "ConnectFailed", "Retry", "RetryRule", "UnitMisuse"]
+__all__ = [
+    "Attempts",
+    "CommitUnknown",
+    "CommitVerified",
+    "ConnectFailed",
+    "Retry",
+    "RetryRule",
+    "UnitMisuse",
+]
 
 logger = logging.getLogger("boundeddb")
 
@@ -41,11 +49,33 @@ class ConnectFailed(Exception):
 
 
 class CommitUnknown(Exception):
-    """Carries a unit's error raised while the runner committed, when the commit may have happened."""
+    """
+    Carries a unit's error raised while the runner committed, when the commit may have happened.
 
-    def __init__(self, error: Exception) -> None:
+    With ``verify_commits``, also what the executor needs to ask the server afterwards: the
+    transaction's id (``None`` if it had none, or nobody read it) and the unit's value.
+    """
+
+    def __init__(self, error: Exception, xid: str | None = None, value: Any = None) -> None:
         super().__init__(error)
         self.error = error
+        self.xid = xid
+        self.value = value
+
+
+class CommitVerified(Exception):
+    """
+    A COMMIT whose connection was lost, and what the server said became of it (``verify_commits``).
+
+    ``committed``: the unit succeeded with ``value``. Otherwise the server aborted the
+    transaction: the attempt failed with ``error`` (the COMMIT's own), and nothing was committed.
+    """
+
+    def __init__(self, error: Exception, *, committed: bool, value: Any = None) -> None:
+        super().__init__(error)
+        self.error = error
+        self.committed = committed
+        self.value = value
 
 
 class UnitMisuse(Exception):
@@ -98,6 +128,12 @@ class Attempts:
         self, error: Exception, index: int, attempt: int, latency_s: float, wait_s: float
     ) -> Outcome[Any] | float:
         """The outcome of a failed attempt, or the seconds to wait before the next one."""
+        verified = False
+        if isinstance(error, CommitVerified):
+            if error.committed:  # the server committed it: the unit succeeded
+                return Outcome(index, error.value, None, latency_s, wait_s, attempt, commit_verified=True)
+            verified = True  # the server aborted it: a failed attempt like any other, and safe to retry
+            error = error.error
         if self._failed is not None:
             self._failed(error.error if isinstance(error, (ConnectFailed, CommitUnknown)) else error)
         if isinstance(error, UnitMisuse):
@@ -118,7 +154,7 @@ class Attempts:
             retry = self._retry.should_retry(error, attempt)
         if not retry:
             logger.debug("unit %d failed after %d attempt(s): %s", index, attempt, type(shown).__qualname__)
-            return Outcome(index, None, shown, latency_s, wait_s, attempt)
+            return Outcome(index, None, shown, latency_s, wait_s, attempt, commit_verified=verified)
         delay = self._retry.delay(attempt)
         logger.warning(
             "unit %d attempt %d failed with %s; retrying in %.3f s",

@@ -75,6 +75,7 @@ class Recorder(NullRecorder):
 
     __slots__ = (
         "_lock",
+        "commits_verified",
         "failed",
         "in_flight",
         "keep_latencies",
@@ -93,6 +94,7 @@ class Recorder(NullRecorder):
         self.succeeded = 0
         self.failed = 0
         self.retried = 0
+        self.commits_verified = 0
         self.in_flight = 0
         self.peak_in_flight = 0
         self.keep_latencies = keep_latencies
@@ -117,6 +119,8 @@ class Recorder(NullRecorder):
                 self.succeeded += 1
             else:
                 self.failed += 1
+            if outcome.commit_verified:
+                self.commits_verified += 1
             if self.keep_latencies:
                 self.latencies.append(outcome.latency_s)
 
@@ -157,5 +161,6 @@ class Recorder(NullRecorder):
             loop_lag_p99_s=lag_p99,
             loop_lag_max_s=lag_max,
             retried=self.retried,
+            commits_verified=self.commits_verified,
             **limits,
         )

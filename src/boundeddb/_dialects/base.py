@@ -107,6 +107,21 @@ class Dialect:
         is_closed = getattr(raw, "is_closed", None)
         return bool(is_closed() if callable(is_closed) else getattr(raw, "closed", False))
 
+    # -- verifying commits (verify_commits=True) ---------------------------------------------------
+
+    #: SQL that returns the current transaction's id as text, or ``NULL`` if it has none yet (it
+    #: wrote nothing); ``None`` where the database cannot be asked afterwards what became of a
+    #: transaction whose connection was lost, so ``verify_commits=True`` is refused.
+    current_xid_sql: str | None = None
+
+    def xact_status_sql(self, xid: str) -> str:
+        """SQL that returns ``'committed'``, ``'aborted'``, ``'in progress'`` or ``NULL`` for ``xid``."""
+        raise NotImplementedError
+
+    def connect_timeout_params(self, driver: str, seconds: float) -> dict[str, Any]:
+        """Connect arguments that make ``driver`` give up opening a connection after ``seconds``."""
+        return {}
+
     # -- stopping statements ------------------------------------------------------------------------
 
     def watch(self, engine: Any) -> None:

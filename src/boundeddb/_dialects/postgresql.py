@@ -1,7 +1,11 @@
-"""PostgreSQL (asyncpg, psycopg 3, psycopg2): SQLSTATEs, lost connections, statement_timeout, cancel."""
+"""
+PostgreSQL (asyncpg, psycopg 3, psycopg2): SQLSTATEs, lost connections, statement_timeout, cancel,
+and transaction status (``verify_commits``).
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
@@ -74,6 +78,20 @@ class PostgreSQL(Dialect):
     def cancel_statement(self, dbapi_connection: Any) -> None:
         # psycopg 3.2+ has cancel_safe(); psycopg 3 before it and psycopg2 have cancel().
         self._call_cancel(dbapi_connection, "cancel_safe", "cancel")
+
+    # PostgreSQL 13+: the top-level transaction's full 64-bit id (no wraparound), NULL until it
+    # writes. pg_xact_status() answers for it from any connection while the server keeps its commit
+    # log, which covers any xid of the last few minutes by far (older than that: NULL).
+    current_xid_sql = "SELECT CAST(pg_current_xact_id_if_assigned() AS text)"
+
+    def xact_status_sql(self, xid: str) -> str:
+        return f"SELECT pg_xact_status(CAST('{int(xid)}' AS xid8))"
+
+    def connect_timeout_params(self, driver: str, seconds: float) -> dict[str, Any]:
+        if driver in ("asyncpg", "pg8000"):
+            return {"timeout": seconds}
+        # libpq (psycopg, psycopg2): whole seconds, and less than 2 counts as 2.
+        return {"connect_timeout": max(2, math.ceil(seconds))}
 
 
 DIALECT = PostgreSQL()

@@ -42,6 +42,7 @@ from .._dialects import Dialect
 from .._errors import UnitTimeout
 from .pool import HOOKS, watch_connects
 from .script import attempt_async
+from .verify import CommitVerifier, verified_async
 
 __all__ = ["AsyncSessionExecutor", "AsyncWorker"]
 
@@ -205,11 +206,17 @@ class AsyncSessionExecutor:
         attempts: Attempts,
         timeout: float | None,
         runner: str,
+        verify_commits: bool = False,
     ) -> None:
         watch_connects(engine)
         self._attempts = attempts
         self._timeout = timeout
-        self.attempt = functools.partial(attempt_async, sessions, dialect, runner)
+        if verify_commits:  # set up once: the per-unit path without it is the same as before
+            verifier = CommitVerifier(engine, dialect)
+            script = functools.partial(attempt_async, sessions, dialect, runner, verifier.xid_sql)
+            self.attempt = functools.partial(verified_async, script, verifier)
+        else:
+            self.attempt = functools.partial(attempt_async, sessions, dialect, runner, None)
         #: Pull one unit and attempt it, with no await between the worker and the unit but this one.
         self.serve = functools.partial(serve_one, attempts, self.attempt)
 

@@ -4,7 +4,8 @@ The transaction script of one attempt, as async and sync twins side by side (as 
 Open a session and begin its transaction; take a connection (a failure here means nothing was
 sent: safe to retry) — before the unit runs in a thread, at the unit's first statement in a task
 (the async guard hears of it from the pool); run the unit; check that it left the runner's transaction
-alone; commit; always close (roll back whatever is open, return the connection, or discard it).
+alone; with ``verify_commits``, read the transaction's id (``verify.py``); commit; always close
+(roll back whatever is open, return the connection, or discard it).
 
 A *guard* is told each step, and is where cancellation is decided: it may refuse to go on (a
 cancelled run, a unit past its deadline) once connected and at ``committing``, and lets nothing
@@ -73,6 +74,7 @@ async def attempt_async(
     sessions: Callable[[], AsyncSession],
     dialect: Dialect,
     runner: str,
+    xid_sql: str | None,
     guard: AsyncGuard,
     unit: Any,
     index: int,
@@ -80,11 +82,15 @@ async def attempt_async(
     """
     Run ``unit`` once in a new AsyncSession and transaction; its value, or it raises.
 
+    With ``xid_sql`` (``verify_commits``), a :class:`CommitUnknown` carries the transaction's id
+    (``None`` if it wrote nothing) and the unit's value.
+
     The session connects at the unit's first statement, as it would in hand-written code (asking
     for the connection up front costs a greenlet per unit); the guard hears of the checkout from the
     pool (``pool.HOOKS``), so an error before it is known to have sent nothing.
     """
     session = sessions()
+    xid = value = None
     try:
         transaction = session.sync_session.begin()
         guard.connecting(index)
@@ -103,6 +109,12 @@ async def attempt_async(
             raise
         if session.sync_session.get_transaction() is not transaction:
             raise UnitMisuse(ended_transaction_message(index))
+        if xid_sql is not None and guard.connection is not None:  # a unit that sent nothing has none
+            try:
+                xid = await session.run_sync(_read_xid, xid_sql)
+            except Exception as error:  # before COMMIT: a failure like any of the unit's own
+                _note_failure(dialect, guard, error)
+                raise
         guard.committing()
         try:
             await session.commit()  # connects here if the unit sent nothing itself
@@ -111,13 +123,15 @@ async def attempt_async(
             # A failed COMMIT can leave the transaction open on the connection: discard it.
             await invalidate_async(session, guard.connection)
             if dialect.commit_fate_unknown(error):
-                raise CommitUnknown(error) from None
+                raise CommitUnknown(error, xid, value) from None
             raise
         return value
     except BaseException as error:
         replacement = guard.interrupted(error)
         if replacement is None:
             raise
+        if isinstance(replacement, CommitUnknown):  # timed out during COMMIT
+            replacement.xid, replacement.value = xid, value
         raise replacement from (error if isinstance(error, Exception) else None)
     finally:
         guard.closing()
@@ -125,6 +139,10 @@ async def attempt_async(
             await close_async(session, guard.connection)
         finally:
             guard.closed()
+
+
+def _read_xid(session: Session, xid_sql: str) -> Any:
+    return session.connection().exec_driver_sql(xid_sql).scalar()
 
 
 def _note_failure(dialect: Dialect, guard: AsyncGuard, error: Exception) -> None:
@@ -167,11 +185,16 @@ def attempt_sync(
     sessions: Callable[[], Session],
     dialect: Dialect,
     timeout: float | None,
+    xid_sql: str | None,
     guard: SyncGuard,
     unit: Any,
     index: int,
 ) -> Any:
-    """Run ``unit`` once in a new Session and transaction, in this thread; its value, or it raises."""
+    """
+    Run ``unit`` once in a new Session and transaction, in this thread; its value, or it raises.
+
+    ``xid_sql`` as for :func:`attempt_async`.
+    """
     session = sessions()
     connection: Connection | None = None
     try:
@@ -205,6 +228,13 @@ def attempt_sync(
             raise UnitMisuse(ended_transaction_message(index))
         if timeout is not None and perf_counter() - started > timeout:
             raise UnitTimeout(index, timeout)
+        xid = None
+        if xid_sql is not None:
+            try:
+                xid = connection.exec_driver_sql(xid_sql).scalar()
+            except Exception as error:  # before COMMIT: a failure like any of the unit's own
+                dialect.note_lost_connection(error, dbapi_connection)
+                raise
         guard.committing()
         try:
             session.commit()
@@ -213,7 +243,7 @@ def attempt_sync(
             # A failed COMMIT can leave the transaction open on the connection: discard it.
             invalidate_sync(connection)
             if dialect.commit_fate_unknown(error):
-                raise CommitUnknown(error) from None
+                raise CommitUnknown(error, xid, value) from None
             raise
         return value
     finally:

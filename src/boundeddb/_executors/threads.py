@@ -33,6 +33,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from .._core.attempts import Attempts, Retry
@@ -42,6 +43,7 @@ from .._core.run import REFUSED, Run
 from .._dialects import Dialect
 from .._outcome import Outcome
 from .script import attempt_sync
+from .verify import CommitVerifier, verified_sync
 
 __all__ = ["Handle", "ThreadExecutor", "ThreadWorker"]
 
@@ -128,16 +130,24 @@ class ThreadExecutor:
         self,
         sessions: Callable[[], Session],
         *,
+        engine: Engine,
         dialect: Dialect,
         attempts: Attempts,
         limiter: Limiter,
         timeout: float | None,
         max_threads: int,
+        verify_commits: bool = False,
     ) -> None:
         self._dialect = dialect
         self._attempts = attempts
         self._limiter = limiter
-        self._script = functools.partial(attempt_sync, sessions, dialect, timeout)
+        self._script: Callable[[Handle, Any, int], Any]
+        if verify_commits:  # set up once: the per-unit path without it is the same as before
+            verifier = CommitVerifier(engine, dialect)
+            script = functools.partial(attempt_sync, sessions, dialect, timeout, verifier.xid_sql)
+            self._script = functools.partial(verified_sync, script, verifier)
+        else:
+            self._script = functools.partial(attempt_sync, sessions, dialect, timeout, None)
         self._max_threads = max_threads
         self._threads: tuple[object, anyio.CapacityLimiter] | None = None
         self._last_checked: object = None

@@ -46,6 +46,7 @@ class AsyncUnitsRunner(BaseRunner):
             attempts=self._attempts,
             timeout=self._timeout,
             runner=type(self).__name__,
+            verify_commits=self._verify_commits,
         )
 
     async def run(

@@ -35,6 +35,7 @@ from .checks import (
     check_priority,
     check_retry,
     check_timeout,
+    check_verify_commits,
     checked_iterable,
     with_reserve,
 )
@@ -75,6 +76,7 @@ class BaseRunner:
         engine: Engine,
         reserve: object = 0,
         limit_name: str = "limit",
+        verify_commits: object = False,
     ) -> None:
         plan = limit if isinstance(limit, LimitPlan) else LimitPlan(limit, limit, limit)
         plan = with_reserve(plan, reserve, limit_name)
@@ -87,6 +89,7 @@ class BaseRunner:
         self._retry: RetryPolicy = check_retry(retry)
         self._timeout = check_timeout(timeout)
         self._dialect: Dialect = for_name(engine.dialect.name)
+        self._verify_commits = check_verify_commits(verify_commits, self._dialect, engine.dialect.name)
         self._dialect.watch(engine)
         self._controller = _controller(plan, self._limiter, self._dialect)
         failed = self._controller.failed if self._controller is not None else None

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import AssertionPool, Pool, QueuePool, StaticPool
 
 from .._autolimit import AutoLimit, check_positive_int
+from .._dialects import Dialect
 from .._retry import NO_RETRY, RetryPolicy
 
 ErrorsMode = Literal["raise", "collect"]
@@ -52,6 +53,26 @@ def check_retry(retry: object) -> RetryPolicy:
         )
         raise TypeError(msg)
     return retry
+
+
+def check_verify_commits(verify_commits: object, dialect: Dialect, database: str) -> bool:
+    """``verify_commits`` checked: a bool, and ``True`` only where the database can be asked afterwards."""
+    if not isinstance(verify_commits, bool):
+        msg = (
+            f"verify_commits must be True or False, got {verify_commits!r} "
+            f"({type(verify_commits).__name__}): pass verify_commits=True to have the runner ask "
+            "PostgreSQL what became of a COMMIT whose connection was lost"
+        )
+        raise TypeError(msg)
+    if verify_commits and dialect.current_xid_sql is None:
+        msg = (
+            f"verify_commits=True needs PostgreSQL (13 or later), which can be asked what became of a "
+            f"transaction after its connection was lost (pg_xact_status); this engine's database is "
+            f"{database!r}: pass verify_commits=False (the default), and give units a unique key "
+            "to find out what became of a commit_unknown unit"
+        )
+        raise ValueError(msg)
+    return verify_commits
 
 
 def pool_capacity(pool: Pool) -> int | None:

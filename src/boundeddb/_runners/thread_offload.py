@@ -49,6 +49,14 @@ class ThreadOffloadRunner(BaseRunner):
             ``submit(unit, priority=1)`` finds a slot free while a bulk run saturates the rest.
             Must be less than the limit. With ``limit="auto"`` the reserve stays out of what
             moves: the limit is the moving share plus the reserve. See :doc:`/how-to/priorities`.
+        verify_commits: On PostgreSQL (13 or later), learn what became of a unit whose COMMIT lost
+            its connection or timed out, instead of reporting it as
+            :attr:`~boundeddb.Outcome.commit_unknown` (*new in 0.2.0*). The runner reads each
+            writing unit's transaction id just before COMMIT (one more round trip per unit), and
+            after such a failure asks the server, on a fresh connection within the unit's slot,
+            whether it committed: if so the unit succeeded; if not it failed with nothing
+            committed, and a retry policy may run it again. See :doc:`/how-to/verify-commits`.
+            On other databases ``True`` is a :class:`ValueError`.
 
     Cancelling a call cancels the statements in flight (the DBAPI connection's ``cancel()``, or
     SQLite's ``interrupt()``), waits for the threads to finish, rolls back and returns their
@@ -70,6 +78,7 @@ class ThreadOffloadRunner(BaseRunner):
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         reserve: int = 0,
+        verify_commits: bool = False,
     ) -> None:
         self._check_sessions(sessions)
         engine = bound_engine(sessions)
@@ -81,6 +90,7 @@ class ThreadOffloadRunner(BaseRunner):
             timeout=timeout,
             engine=engine,
             reserve=reserve,
+            verify_commits=verify_commits,
         )
 
     @staticmethod
@@ -117,11 +127,13 @@ class ThreadOffloadRunner(BaseRunner):
     def _new_executor(self) -> ThreadExecutor:
         return ThreadExecutor(
             self._sessions,
+            engine=self._engine,
             dialect=self._dialect,
             attempts=self._attempts,
             limiter=self._limiter,
             timeout=self._timeout,
             max_threads=self._max_limit,
+            verify_commits=self._verify_commits,
         )
 
     # -- the public verbs ---------------------------------------------------------------------------

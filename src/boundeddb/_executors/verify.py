@@ -1,0 +1,198 @@
+"""
+Verified commits (``verify_commits=True``): what became of a COMMIT whose connection was lost.
+
+Just before COMMIT, the transaction script reads the transaction's id on the unit's own connection
+(the dialect's ``current_xid_sql``; ``NULL`` for a unit that wrote nothing, which then needs nothing
+more: if its COMMIT fails, nothing of it was committed). If the COMMIT fails with a lost
+connection or a timeout, the attempt closes its session as always (the broken connection is
+discarded and checked in), and then — still in the unit's slot, so
+that the runner never holds more connections than its limit — a connection from the same engine
+asks the server for that transaction's status, until :data:`WAIT_S` has passed:
+
+- ``committed``: the unit succeeded (:class:`~boundeddb._core.attempts.CommitVerified`);
+- ``aborted``: the attempt failed and nothing of it was committed: the retry policy decides;
+- ``in progress`` (the COMMIT still runs on the server: a deferred trigger, a synchronous standby)
+  or no answer (the server is down or unreachable): ask again after a pause;
+- ``NULL`` (the id is older than the server's commit log: not for a COMMIT of a moment ago), or
+  still unknown when the wait is over: ``commit_unknown``, as without verification.
+
+A connection opened to ask is given a connect timeout (the dialect's ``connect_timeout_params``),
+so that a server that accepts connections but never answers cannot hold the unit past its wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .._core.attempts import CommitUnknown, CommitVerified
+from .._dialects import Dialect
+
+__all__ = ["WAIT_S", "CommitVerifier", "verified_async", "verified_sync"]
+
+logger = logging.getLogger("boundeddb")
+
+#: How long the runner keeps asking what became of a COMMIT whose connection was lost (seconds).
+WAIT_S = 10.0
+#: The first pause between two questions; it doubles up to :data:`MAX_PAUSE_S`.
+FIRST_PAUSE_S = 0.05
+MAX_PAUSE_S = 1.0
+
+#: While a task or thread opens a connection to ask: the connect timeout it wants (seconds).
+_CONNECT_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "boundeddb_verify_connect_timeout", default=None
+)
+_watched: weakref.WeakSet[Engine] = weakref.WeakSet()
+_NO_ANSWER = "no answer"
+_lock = threading.Lock()
+
+
+def _watch_connects(engine: Engine, dialect: Dialect) -> None:
+    """Give the connections opened to ask (and only those) the dialect's connect timeout."""
+    with _lock:
+        if engine in _watched:
+            return
+        _watched.add(engine)
+    driver = engine.dialect.driver
+
+    def on_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        seconds = _CONNECT_TIMEOUT.get()
+        if seconds is not None:
+            for name, value in dialect.connect_timeout_params(driver, seconds).items():
+                cparams.setdefault(name, value)  # the user's own setting wins
+
+    event.listen(engine, "do_connect", on_connect)
+
+
+class CommitVerifier:
+    """Asks the server what became of a transaction, by its id, within a bounded wait."""
+
+    def __init__(self, engine: Engine, dialect: Dialect) -> None:
+        assert dialect.current_xid_sql is not None
+        self._engine = engine
+        self._async_engine = AsyncEngine(engine) if engine.dialect.is_async else None
+        self._dialect = dialect
+        #: SQL the transaction script reads the transaction's id with.
+        self.xid_sql: str = dialect.current_xid_sql
+        self.wait_s = WAIT_S
+        _watch_connects(engine, dialect)
+
+    def _verdict(self, unknown: CommitUnknown, index: int, status: object) -> CommitVerified | None:
+        if status == "committed":
+            logger.info("unit %d: a COMMIT whose connection was lost: the server committed it", index)
+            return CommitVerified(unknown.error, committed=True, value=unknown.value)
+        if status == "aborted":
+            logger.info("unit %d: a COMMIT whose connection was lost: the server aborted it", index)
+            return CommitVerified(unknown.error, committed=False)
+        logger.debug("unit %d: a COMMIT whose connection was lost: %s; asking again", index, status)
+        return None
+
+    def _give_up(self, unknown: CommitUnknown, index: int, status: object) -> NoReturn:
+        if status is None:
+            why = "the server no longer knows its transaction"
+        elif status == _NO_ANSWER:
+            why = f"no answer within {self.wait_s} s"
+        else:
+            why = f"still {status} after {self.wait_s} s"
+        logger.warning("unit %d: a COMMIT whose connection was lost: its fate stays unknown (%s)", index, why)
+        raise unknown
+
+    # -- async ---------------------------------------------------------------------------------------
+
+    async def _ask_async(self, sql: str) -> object:
+        assert self._async_engine is not None
+        async with self._async_engine.connect() as connection:
+            return (await connection.exec_driver_sql(sql)).scalar()
+
+    async def resolve_async(self, unknown: CommitUnknown, index: int) -> NoReturn:
+        """Raise :class:`CommitVerified` if the server answers within the wait, else ``unknown``."""
+        assert unknown.xid is not None
+        sql = self._dialect.xact_status_sql(unknown.xid)
+        deadline = time.monotonic() + self.wait_s
+        pause = FIRST_PAUSE_S
+        token = _CONNECT_TIMEOUT.set(max(0.5, self.wait_s))
+        try:
+            while True:
+                status: object = _NO_ANSWER
+                try:
+                    left = max(0.1, deadline - time.monotonic())
+                    status = await asyncio.wait_for(self._ask_async(sql), left)
+                except Exception as error:  # the server is down or unreachable: ask again
+                    logger.debug("asking what became of a COMMIT failed: %s", type(error).__qualname__)
+                verdict = self._verdict(unknown, index, status)
+                if verdict is not None:
+                    raise verdict from None
+                if status is None or time.monotonic() + pause > deadline:
+                    self._give_up(unknown, index, status)
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, MAX_PAUSE_S)
+        finally:
+            _CONNECT_TIMEOUT.reset(token)
+
+    # -- sync (in the unit's worker thread) --------------------------------------------------------
+
+    def _ask_sync(self, sql: str) -> object:
+        with self._engine.connect() as connection:
+            return connection.exec_driver_sql(sql).scalar()
+
+    def resolve_sync(self, unknown: CommitUnknown, index: int, cancelled: Callable[[], bool]) -> NoReturn:
+        """As :meth:`resolve_async`, blocking; gives up at once when the run is ``cancelled()``."""
+        assert unknown.xid is not None
+        sql = self._dialect.xact_status_sql(unknown.xid)
+        deadline = time.monotonic() + self.wait_s
+        pause = FIRST_PAUSE_S
+        token = _CONNECT_TIMEOUT.set(max(0.5, self.wait_s))
+        try:
+            while True:
+                status: object = _NO_ANSWER
+                try:
+                    status = self._ask_sync(sql)
+                except Exception as error:
+                    logger.debug("asking what became of a COMMIT failed: %s", type(error).__qualname__)
+                verdict = self._verdict(unknown, index, status)
+                if verdict is not None:
+                    raise verdict from None
+                if status is None or cancelled() or time.monotonic() + pause > deadline:
+                    self._give_up(unknown, index, status)
+                time.sleep(pause)  # a worker thread's own wait, never the event loop's
+                pause = min(2 * pause, MAX_PAUSE_S)
+        finally:
+            _CONNECT_TIMEOUT.reset(token)
+
+
+async def verified_async(
+    attempt: Callable[[Any, Any, int], Awaitable[Any]],
+    verifier: CommitVerifier,
+    worker: Any,
+    unit: Any,
+    index: int,
+) -> Any:
+    """One async attempt whose lost COMMIT, if any, is looked up (after its session is closed)."""
+    try:
+        return await attempt(worker, unit, index)
+    except CommitUnknown as unknown:
+        if unknown.xid is None:  # it wrote nothing: nothing of it can have been committed
+            raise CommitVerified(unknown.error, committed=False) from None
+        await verifier.resolve_async(unknown, index)
+
+
+def verified_sync(
+    script: Callable[[Any, Any, int], Any], verifier: CommitVerifier, guard: Any, unit: Any, index: int
+) -> Any:
+    """One attempt in a thread whose lost COMMIT, if any, is looked up (after its session is closed)."""
+    try:
+        return script(guard, unit, index)
+    except CommitUnknown as unknown:
+        if unknown.xid is None:  # it wrote nothing: nothing of it can have been committed
+            raise CommitVerified(unknown.error, committed=False) from None
+        verifier.resolve_sync(unknown, index, lambda: bool(guard.cancelled))
