@@ -27,6 +27,21 @@ exclude_patterns = ["_build", "inventories"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
+
+
+# The runners import rich's Progress for type checkers only (rich is an optional extra, imported
+# only when a call asks for a bar), so autodoc, which evaluates their signatures' annotations in
+# their modules, would not find it: give those modules the name for the build.
+def _give_progress_to_the_runners() -> None:
+    from rich.progress import Progress
+
+    from boundeddb._runners import async_units, thread_offload
+
+    for module in (async_units, thread_offload):
+        module.Progress = Progress  # type: ignore[attr-defined]
+
+
+_give_progress_to_the_runners()
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
@@ -48,6 +63,7 @@ _INVENTORIES = {
     "python": ("Python", "3", "https://docs.python.org/3/"),
     "sqlalchemy": ("SQLAlchemy", "2.0", "https://docs.sqlalchemy.org/en/20/"),
     "anyio": ("AnyIO", "4", "https://anyio.readthedocs.io/en/stable/"),
+    "rich": ("Rich", "13", "https://rich.readthedocs.io/en/stable/"),
 }
 
 

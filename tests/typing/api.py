@@ -12,6 +12,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+from rich.progress import Progress
 from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -114,6 +115,29 @@ async def priorities_and_reserve() -> None:
     assert_type(threads.run_sync([sync_unit], priority=1), RunReport[str])
     assert_type(threads.statistics(), RunnerStatistics)
     stats.limit = 3  # type: ignore[misc]
+
+
+async def watching_a_run() -> None:
+    runner = SemaphoreRunner(async_sessions, limit=4)
+    seen: list[int] = []
+
+    def log_int(outcome: Outcome[int]) -> None:
+        seen.append(outcome.index)
+
+    assert_type(await runner.run([unit], progress=True, on_outcome=log_int), RunReport[int])
+    assert_type(await runner.map(fn, ["a"], progress="backfill", on_outcome=print), RunReport[float])
+    assert_type(await runner.run([unit], progress=Progress()), RunReport[int])
+    async for outcome in runner.stream([unit], on_outcome=log_int, progress=False):
+        assert_type(outcome, Outcome[int])
+    threads = ThreadOffloadRunner(sync_sessions, limit=4)
+    assert_type(threads.run_sync([sync_unit], progress=True, on_outcome=lambda o: None), RunReport[str])
+    assert_type(await threads.map(sync_fn, [1], progress="x"), RunReport[bytes])
+    await runner.run([unit], on_outcome=log_str)  # type: ignore[misc]
+    await runner.run([unit], progress=3)  # type: ignore[arg-type]
+
+
+def log_str(outcome: Outcome[str]) -> None:
+    pass
 
 
 def verified_commits() -> None:

@@ -43,10 +43,11 @@ import logging
 import threading
 from collections.abc import Callable
 from time import perf_counter
+from typing import Any
 
 from .limiter import Limiter
 
-__all__ = ["LimitController", "LimitTrace"]
+__all__ = ["LimitController", "LimitTrace", "limit_figures"]
 
 logger = logging.getLogger("boundeddb")
 
@@ -270,3 +271,18 @@ class LimitController:
         self.trace.add(limit)
         logger.debug("auto limit: %d -> %d (%s)", old, limit, reason)
         return True
+
+
+def limit_figures(limiter: Limiter, controller: LimitController | None, started: float) -> dict[str, Any]:
+    """The ``limit_*`` fields of the RunStats of a run that started at ``started`` (``perf_counter()``)."""
+    if controller is None:
+        limit = limiter.limit
+        return {"limit_min": limit, "limit_max": limit, "limit_final": limit, "limit_trace": ((0.0, limit),)}
+    trace = controller.trace.since(started)
+    values = [n for _, n in trace]
+    return {
+        "limit_min": min(values),
+        "limit_max": max(values),
+        "limit_final": limiter.limit,
+        "limit_trace": trace,
+    }

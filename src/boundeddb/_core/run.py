@@ -21,6 +21,7 @@ from .._errors import RunFailed, UnitMisuseError
 from .._outcome import Outcome, RunReport
 from .._stats import RunStats
 from .recorder import NullRecorder
+from .watch import OutcomeHook
 
 __all__ = ["REFUSED", "ListSink", "Run", "Sink", "StreamSink", "ValueSink"]
 
@@ -106,9 +107,22 @@ class Run(Generic[SinkT]):
         priority: int = 0,
         window: anyio.Semaphore | None = None,
         observe: Callable[[float], None] | None = None,
+        on_outcome: Callable[[Outcome[Any]], object] | None = None,
+        size: float | None = None,
     ) -> None:
         self.sink = sink
         self._put = sink.put
+        #: The caller's ``on_outcome``, served on the loop (None if not asked: nothing per unit).
+        self.hook: OutcomeHook | None = None
+        if on_outcome is not None:
+            self.hook = hook = OutcomeHook(on_outcome, self.stop)
+            put = sink.put
+
+            def put_and_tell(outcome: Outcome[Any]) -> None:
+                put(outcome)
+                hook.put(outcome)
+
+            self._put = put_and_tell
         self.recorder = recorder
         #: With an auto limit: told the latency of each unit that succeeded (from any thread).
         self._observe = observe
@@ -130,7 +144,8 @@ class Run(Generic[SinkT]):
             self._async_iterator = aiter(units)
         else:
             self._iterator = iter(units)
-        self.size = len(units) if isinstance(units, Sized) else math.inf
+        #: How many units the input holds, if it says (``len()``; ``map()`` passes its items'); else inf.
+        self.size = size if size is not None else len(units) if isinstance(units, Sized) else math.inf
 
     @property
     def pulls_sync(self) -> bool:
@@ -192,6 +207,10 @@ class Run(Generic[SinkT]):
         self.finish(Outcome(index, None, UnitMisuseError(message), 0.0, 0.0, attempts=0))
         return REFUSED
 
+    def stop(self) -> None:
+        """Start no more units (any thread)."""
+        self.stopping = True
+
     # -- outcomes ----------------------------------------------------------------------------------
 
     def finish(self, outcome: Outcome[Any]) -> None:
@@ -208,11 +227,16 @@ class Run(Generic[SinkT]):
         self._put(outcome)
 
     def raise_for(self, report: RunReport[Any]) -> None:
-        """Raise what the run owes its caller: misuse, the input's own error, or :class:`RunFailed`."""
+        """
+        Raise what the run owes its caller: misuse, the input's own error, ``on_outcome``'s own
+        error, or :class:`RunFailed`.
+        """
         if self.misuse is not None:
             raise self.misuse
         if self.input_error is not None:
             raise self.input_error
+        if self.hook is not None and self.hook.error is not None:
+            raise self.hook.error
         if not self._stop_on_failure:
             return
         failures = [o.error for o in report.outcomes if o.error is not None]

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
 from .._executors.async_session import AsyncSessionExecutor
 from .._outcome import Outcome, RunReport
+from .._progress import watching
 from .._typing import AsyncUnit, ItemT, T
 from .base import BaseRunner
 from .checks import check_priority, units_of
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 def check_async_sessions(sessions: object, runner: str) -> Any:
@@ -50,7 +54,12 @@ class AsyncUnitsRunner(BaseRunner):
         )
 
     async def run(
-        self, units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]], *, priority: int = 0
+        self,
+        units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]],
+        *,
+        priority: int = 0,
+        progress: bool | str | Progress = False,
+        on_outcome: Callable[[Outcome[T]], object] | None = None,
     ) -> RunReport[T]:
         """
         Run every unit, each in its own session and transaction, at most :attr:`limit` at once.
@@ -64,6 +73,17 @@ class AsyncUnitsRunner(BaseRunner):
             priority: When a slot frees, the waiting unit of the highest priority gets it (first
                 come first served within one); each unit of the run waits for its slot before it
                 is pulled. Above 0, it may also use the runner's ``reserve``. *New in 0.2.0.*
+            progress: ``True`` shows a progress bar on stderr while the run lasts, when stderr is a
+                terminal (nothing otherwise, so logs stay clean): units done of the total (when
+                ``units`` has a length), rate, ETA, failed and retried units, and units in flight
+                against the limit. A string is the bar's label (``progress="backfill"``); a
+                :class:`rich.progress.Progress` of yours gets a task instead.
+                Needs rich (``pip install 'boundeddb[progress]'``). *New in 0.2.0.*
+            on_outcome: Called with each unit's :class:`~boundeddb.Outcome` as it settles, in
+                completion order, on the event loop. Keep it cheap: the loop serves the units
+                meanwhile. If it raises, the run stops (no unit starts after it, those in flight
+                finish) and the call raises its exception; it is not called again.
+                *New in 0.2.0.* See :doc:`/how-to/progress`.
 
         Returns:
             A :class:`~boundeddb.RunReport`: one :class:`~boundeddb.Outcome` per unit in input order,
@@ -82,7 +102,8 @@ class AsyncUnitsRunner(BaseRunner):
         committed after the cancellation, even one that swallows it (a unit whose COMMIT had begun
         finishes it).
         """
-        return await self._run_units(units, priority)
+        watch = watching(progress, on_outcome, f"{type(self).__name__}.run")
+        return await self._run_units(units, priority, watching=watch)
 
     async def map(
         self,
@@ -90,6 +111,8 @@ class AsyncUnitsRunner(BaseRunner):
         items: Iterable[ItemT] | AsyncIterable[ItemT],
         *,
         priority: int = 0,
+        progress: bool | str | Progress = False,
+        on_outcome: Callable[[Outcome[T]], object] | None = None,
     ) -> RunReport[T]:
         """
         Run ``fn(session, item)`` for every item, as :meth:`run` does for units.
@@ -98,11 +121,19 @@ class AsyncUnitsRunner(BaseRunner):
             fn: ``async def fn(session: AsyncSession, item) -> T``.
             items: Iterable or async iterable of items, pulled lazily.
             priority: As for :meth:`run`.
+            progress: As for :meth:`run` (the total is ``len(items)``, when it has one).
+            on_outcome: As for :meth:`run`.
         """
-        return await self._run_units(units_of(fn, items, type(self).__name__), priority)
+        watch = watching(progress, on_outcome, f"{type(self).__name__}.map", items)
+        return await self._run_units(units_of(fn, items, type(self).__name__), priority, watching=watch)
 
     def stream(
-        self, units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]], *, priority: int = 0
+        self,
+        units: Iterable[AsyncUnit[T]] | AsyncIterable[AsyncUnit[T]],
+        *,
+        priority: int = 0,
+        progress: bool | str | Progress = False,
+        on_outcome: Callable[[Outcome[T]], object] | None = None,
     ) -> AsyncGenerator[Outcome[T], None]:
         """
         Run the units as :meth:`run` does, yielding each :class:`~boundeddb.Outcome` as it finishes.
@@ -112,12 +143,16 @@ class AsyncUnitsRunner(BaseRunner):
         the runner starts new units slowly. Breaking out of the loop stops the stream: units in
         flight are cancelled and rolled back.
 
+        ``priority``, ``progress`` and ``on_outcome`` are as for :meth:`run` (``on_outcome`` sees
+        each outcome as it settles, before the stream yields it).
+
         Raises:
             RunFailed: with ``errors="raise"``, after yielding the first failure and the units that
                 were in flight with it; its report holds only the failed outcomes (the stream keeps
                 no others).
         """
-        return self._stream_units(units, check_priority(priority))
+        watch = watching(progress, on_outcome, f"{type(self).__name__}.stream")
+        return self._stream_units(units, check_priority(priority), watch)
 
     async def submit(self, unit: AsyncUnit[T], *, priority: int = 0) -> T:
         """

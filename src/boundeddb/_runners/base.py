@@ -7,28 +7,30 @@ A concrete runner supplies its executor (how one attempt runs: async, or in a th
 
 from __future__ import annotations
 
-import threading
-from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
 from sqlalchemy.engine import Engine
 
-from .._core.adaptive import LimitController
+from .._core.adaptive import LimitController, limit_figures
 from .._core.attempts import Attempts
 from .._core.background import Background
 from .._core.limiter import Limiter
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
 from .._core.run import ListSink, Run, SinkT, StreamSink, ValueSink
+from .._core.watch import Watch
 from .._dialects import Dialect, for_name
-from .._errors import RunnerBusyElsewhereError, RunnerClosedError, UnitMisuseError
+from .._errors import RunnerClosedError, UnitMisuseError
 from .._executors.pool import watch_pool
 from .._outcome import Outcome, RunReport
+from .._progress import Watching, open_watch
 from .._retry import RetryPolicy
-from .._stats import RunnerStatistics
+from .._stats import RunnerStatistics, RunStats
+from .binding import LoopBinding
 from .checks import (
     LimitPlan,
     check_errors,
@@ -96,9 +98,7 @@ class BaseRunner:
         self._attempts = Attempts(self._retry, failed=failed)
         self._executor: Executor[Any] = self._new_executor()
         self._closed = False
-        self._loop_token: object = None
-        self._calls_in_flight = 0
-        self._binding_lock = threading.Lock()
+        self._binding = LoopBinding(type(self).__name__)
 
     def _new_executor(self) -> Executor[Any]:
         raise NotImplementedError
@@ -152,28 +152,12 @@ class BaseRunner:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    @contextmanager
-    def _bound(self) -> Iterator[None]:
-        """Use the runner from the current event loop, refusing a second loop while one is busy."""
+    def _bound(self) -> AbstractContextManager[None]:
+        """Use the runner from the current event loop (see :class:`.binding.LoopBinding`)."""
         if self._closed:
             msg = f"this {type(self).__name__} is closed: create a new runner"
             raise RunnerClosedError(msg)
-        token = anyio.lowlevel.current_token()
-        with self._binding_lock:
-            if self._calls_in_flight and self._loop_token != token:
-                msg = (
-                    f"this {type(self).__name__} has work in flight on another event loop; its limit "
-                    "is enforced within one loop at a time. Create one runner per event loop "
-                    "(or per thread calling run_sync) — they can share the engine."
-                )
-                raise RunnerBusyElsewhereError(msg)
-            self._loop_token = token
-            self._calls_in_flight += 1
-        try:
-            yield
-        finally:
-            with self._binding_lock:
-                self._calls_in_flight -= 1
+        return self._binding.bound()
 
     # -- units ----------------------------------------------------------------------------------
 
@@ -199,6 +183,7 @@ class BaseRunner:
         stop_on_failure: bool,
         priority: int,
         window: anyio.Semaphore | None = None,
+        watching: Watching | None = None,
     ) -> Run[SinkT]:
         controller = self._controller
         return Run(
@@ -210,9 +195,18 @@ class BaseRunner:
             priority=priority,
             window=window,
             observe=None if controller is None else controller.observe,
+            on_outcome=None if watching is None else watching.on_outcome,
+            size=None if watching is None else watching.size,
         )
 
-    async def _drive(self, run: Run[Any], loop_lag: LoopLag | None = None, *, adapt: bool = True) -> None:
+    async def _drive(
+        self,
+        run: Run[Any],
+        loop_lag: LoopLag | None = None,
+        *,
+        adapt: bool = True,
+        watch: Watch | None = None,
+    ) -> None:
         workers = int(min(self._limiter.share(run.priority), max(1, run.size)))
         pacer = self._new_pacer(workers)
         await drive(
@@ -224,49 +218,50 @@ class BaseRunner:
             workers,
             loop_lag=loop_lag,
             controller=self._controller if adapt else None,
+            watch=watch,
         )
 
-    def _limits(self, started: float) -> dict[str, Any]:
-        """The ``limit_*`` figures of a run that started at ``started`` (``perf_counter()``)."""
-        if self._controller is None:
-            limit = self._limiter.limit
-            return {
-                "limit_min": limit,
-                "limit_max": limit,
-                "limit_final": limit,
-                "limit_trace": ((0.0, limit),),
-            }
-        trace = self._controller.trace.since(started)
-        values = [n for _, n in trace]
-        return {
-            "limit_min": min(values),
-            "limit_max": max(values),
-            "limit_final": self._limiter.limit,
-            "limit_trace": trace,
-        }
+    def _stats(self, recorder: Recorder) -> RunStats:
+        return recorder.finish(**limit_figures(self._limiter, self._controller, recorder.started))
 
     # -- the verbs ------------------------------------------------------------------------------
 
     async def _run_units(
-        self, units: Iterable[Any] | AsyncIterable[Any], priority: object, *, measure_loop_lag: bool = True
+        self,
+        units: Iterable[Any] | AsyncIterable[Any],
+        priority: object,
+        *,
+        measure_loop_lag: bool = True,
+        watching: Watching | None = None,
     ) -> RunReport[Any]:
         priority = check_priority(priority)
         units = self._checked_units(units)
         with self._bound():
             recorder = Recorder(watch_pool(self._engine.pool))
+            watch = None
             try:
                 sink = ListSink()
                 run = self._new_run(
-                    units, sink, recorder, stop_on_failure=self._errors == "raise", priority=priority
+                    units,
+                    sink,
+                    recorder,
+                    stop_on_failure=self._errors == "raise",
+                    priority=priority,
+                    watching=watching,
                 )
                 loop_lag = recorder.loop_lag = LoopLag() if measure_loop_lag else None
-                await self._drive(run, loop_lag)
+                watch = open_watch(run, recorder, self._limiter, watching, type(self).__name__)
+                await self._drive(run, loop_lag, watch=watch)
             finally:
-                recorder.close()
-        return run.report(sink.outcomes, recorder.finish(**self._limits(recorder.started)))
+                try:
+                    if watch is not None:
+                        watch.close()
+                finally:
+                    recorder.close()
+        return run.report(sink.outcomes, self._stats(recorder))
 
     async def _stream_units(
-        self, units: Iterable[Any] | AsyncIterable[Any], priority: int
+        self, units: Iterable[Any] | AsyncIterable[Any], priority: int, watching: Watching | None = None
     ) -> AsyncGenerator[Outcome[Any], None]:
         units = self._checked_units(units)
         with self._bound():
@@ -283,12 +278,18 @@ class BaseRunner:
                 stop_on_failure=self._errors == "raise",
                 priority=priority,
                 window=window,
+                watching=watching,
             )
             loop_lag = recorder.loop_lag = LoopLag()
+            watch = open_watch(run, recorder, self._limiter, watching, type(self).__name__)
 
             async def produce() -> None:
                 async with send:
-                    await self._drive(run, loop_lag)
+                    try:
+                        await self._drive(run, loop_lag, watch=watch)
+                    finally:
+                        if watch is not None:
+                            watch.close()
 
             try:
                 async with Background(produce), receive:
@@ -299,7 +300,7 @@ class BaseRunner:
                 send.close()  # in case the producer was cancelled before it started
                 receive.close()
                 recorder.close()
-        run.raise_for(RunReport(sink.failures, recorder.finish(**self._limits(recorder.started))))
+        run.raise_for(RunReport(sink.failures, self._stats(recorder)))
 
     async def _submit_unit(self, unit: Any, priority: object) -> Any:
         priority = check_priority(priority)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from functools import partial
-from typing import Any, Literal, final
+from typing import TYPE_CHECKING, Any, Literal, final
 
 import anyio
 import anyio.lowlevel
@@ -14,10 +14,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from .._autolimit import AutoLimit
 from .._executors.threads import ThreadExecutor
 from .._outcome import Outcome, RunReport
+from .._progress import watching
 from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
 from .base import BaseRunner
 from .checks import BoundItem, ErrorsMode, bound_engine, check_priority, resolve_limit_or_auto, units_of
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 @final
@@ -139,16 +143,23 @@ class ThreadOffloadRunner(BaseRunner):
     # -- the public verbs ---------------------------------------------------------------------------
 
     async def run(
-        self, units: Iterable[SyncUnit[T]] | AsyncIterable[SyncUnit[T]], *, priority: int = 0
+        self,
+        units: Iterable[SyncUnit[T]] | AsyncIterable[SyncUnit[T]],
+        *,
+        priority: int = 0,
+        progress: bool | str | Progress = False,
+        on_outcome: Callable[[Outcome[T]], object] | None = None,
     ) -> RunReport[T]:
         """
         Run every unit in a worker thread, each in its own session and transaction.
 
         Behaves as :meth:`boundeddb.SemaphoreRunner.run` does (lazy input, input order, errors,
-        cancellation, ``priority``), with ``def unit(session: Session) -> T`` units; works under
-        asyncio and trio.
+        cancellation, ``priority``, ``progress``, ``on_outcome``), with
+        ``def unit(session: Session) -> T`` units; works under asyncio and trio. ``on_outcome``
+        and the progress bar run on the event loop, never in the units' worker threads.
         """
-        return await self._run_units(units, priority)
+        watch = watching(progress, on_outcome, "ThreadOffloadRunner.run")
+        return await self._run_units(units, priority, watching=watch)
 
     async def map(
         self,
@@ -156,15 +167,23 @@ class ThreadOffloadRunner(BaseRunner):
         items: Iterable[ItemT] | AsyncIterable[ItemT],
         *,
         priority: int = 0,
+        progress: bool | str | Progress = False,
+        on_outcome: Callable[[Outcome[T]], object] | None = None,
     ) -> RunReport[T]:
         """Run ``fn(session, item)`` for every item in worker threads, as :meth:`run` does."""
         units = units_of(fn, items, "ThreadOffloadRunner")
         priority = check_priority(priority)
         self._check_now(BoundItem(fn, None), 0)  # one function for every item: check it up front
-        return await self._run_units(units, priority)
+        watch = watching(progress, on_outcome, "ThreadOffloadRunner.map", items)
+        return await self._run_units(units, priority, watching=watch)
 
     def stream(
-        self, units: Iterable[SyncUnit[T]] | AsyncIterable[SyncUnit[T]], *, priority: int = 0
+        self,
+        units: Iterable[SyncUnit[T]] | AsyncIterable[SyncUnit[T]],
+        *,
+        priority: int = 0,
+        progress: bool | str | Progress = False,
+        on_outcome: Callable[[Outcome[T]], object] | None = None,
     ) -> AsyncGenerator[Outcome[T], None]:
         """
         Yield each unit's :class:`~boundeddb.Outcome` as it finishes, in O(limit) memory.
@@ -172,7 +191,8 @@ class ThreadOffloadRunner(BaseRunner):
         As :meth:`boundeddb.SemaphoreRunner.stream`. Under trio, close the stream promptly if you
         break out early (``async with contextlib.aclosing(runner.stream(units)) as outcomes:``).
         """
-        return self._stream_units(units, check_priority(priority))
+        watch = watching(progress, on_outcome, "ThreadOffloadRunner.stream")
+        return self._stream_units(units, check_priority(priority), watch)
 
     async def submit(self, unit: SyncUnit[T], *, priority: int = 0) -> T:
         """
@@ -187,9 +207,18 @@ class ThreadOffloadRunner(BaseRunner):
         result: T = await self._submit_unit(unit, priority)
         return result
 
-    def run_sync(self, units: Iterable[SyncUnit[T]], *, priority: int = 0) -> RunReport[T]:
+    def run_sync(
+        self,
+        units: Iterable[SyncUnit[T]],
+        *,
+        priority: int = 0,
+        progress: bool | str | Progress = False,
+        on_outcome: Callable[[Outcome[T]], object] | None = None,
+    ) -> RunReport[T]:
         """
         Run every unit from plain sync code, as :meth:`run` does, and return the report.
+
+        ``progress`` and ``on_outcome`` as for :meth:`run`: both are served in the calling thread.
 
         It runs a private event loop in the calling thread for the duration of the call.
         Ctrl-C (:exc:`KeyboardInterrupt`) cancels the statements in flight, rolls back and returns
@@ -208,5 +237,8 @@ class ThreadOffloadRunner(BaseRunner):
                 "use `await runner.run(units)` instead"
             )
             raise RuntimeError(msg)
-        report: RunReport[T] = anyio.run(partial(self._run_units, units, priority, measure_loop_lag=False))
+        watch = watching(progress, on_outcome, "ThreadOffloadRunner.run_sync")
+        report: RunReport[T] = anyio.run(
+            partial(self._run_units, units, priority, measure_loop_lag=False, watching=watch)
+        )
         return report

@@ -1,0 +1,122 @@
+"""
+``progress=`` and ``on_outcome=``: the caller's choices checked, and the progress display opened.
+
+rich is an optional dependency (``boundeddb[progress]``): it is imported only when a call asks for
+a progress bar, so a runner costs nothing more without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sized
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from ._core.limiter import Limiter
+from ._core.recorder import NullRecorder
+from ._core.run import Run
+from ._core.watch import Display, Watch
+from ._outcome import Outcome
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+__all__ = ["Watching", "check_on_outcome", "open_display", "open_watch", "watching"]
+
+_MISSING_RICH = (
+    "progress=True draws its bar with rich, an optional dependency: install it with "
+    "`pip install 'boundeddb[progress]'` (or `pip install rich`), or leave progress off"
+)
+
+
+def check_on_outcome(on_outcome: object) -> Callable[[Any], object] | None:
+    """``on_outcome`` if it is None or callable, else a :class:`TypeError` that names the fix."""
+    if on_outcome is None or callable(on_outcome):
+        return on_outcome
+    msg = (
+        f"on_outcome must be a function that takes an Outcome (or None), got {on_outcome!r} "
+        f"({type(on_outcome).__name__}): pass e.g. on_outcome=lambda outcome: log.info(outcome)"
+    )
+    raise TypeError(msg)
+
+
+def open_display(progress: object, description: str, total: float) -> Display | None:
+    """
+    The display ``progress`` asks for, started; None for none.
+
+    ``True``: a bar of the runner's own on stderr, only when stderr is a terminal (or a notebook),
+    labelled ``description``; a string: the same bar with that label.
+    A :class:`rich.progress.Progress`: a task on it (started for the run if it was not).
+
+    Raises:
+        ImportError: if a bar is asked for and rich is not installed (also when stderr is not a
+            terminal, so that a program that works in CI works in a terminal too).
+        TypeError: if ``progress`` is neither a bool nor a rich ``Progress``.
+    """
+    if progress is False:
+        return None
+    try:
+        from ._rich_display import Progress as RichProgress
+        from ._rich_display import RichDisplay
+    except ImportError as error:
+        if progress is True or isinstance(progress, str):
+            raise ImportError(_MISSING_RICH) from error
+        return _not_a_progress(progress)  # without rich, no Progress can have been passed
+    known = None if total == float("inf") else int(total)
+    if progress is True or isinstance(progress, str):
+        label = progress if isinstance(progress, str) else description
+        return RichDisplay.on_stderr(label, known)
+    if isinstance(progress, RichProgress):
+        return RichDisplay(progress, description, known)
+    return _not_a_progress(progress)
+
+
+def _not_a_progress(progress: object) -> NoReturn:
+    msg = (
+        f"progress must be True, False, a label (str) or a rich.progress.Progress, got {progress!r} "
+        f"({type(progress).__name__}): pass progress=True for a bar on stderr"
+    )
+    raise TypeError(msg)
+
+
+class Watching:
+    """
+    What a call asked to watch: ``progress`` and ``on_outcome``, checked (served by a ``Watch``).
+
+    ``size`` is the input's length where the units are made from it (``map(fn, items)``).
+    """
+
+    __slots__ = ("asked", "description", "on_outcome", "progress", "size")
+
+    def __init__(
+        self,
+        progress: bool | str | Progress,
+        on_outcome: object,
+        *,
+        description: str = "",
+        items: object = None,
+    ) -> None:
+        self.progress = progress
+        self.on_outcome: Callable[[Outcome[Any]], object] | None = check_on_outcome(on_outcome)
+        self.asked = progress is not False or self.on_outcome is not None
+        self.description = description
+        self.size: float | None = len(items) if isinstance(items, Sized) else None
+
+
+def watching(
+    progress: bool | str | Progress, on_outcome: object, description: str, items: object = None
+) -> Watching | None:
+    """What a call asked to watch, checked; None if nothing (the common case: nothing to serve)."""
+    if progress is False and on_outcome is None:
+        return None
+    return Watching(progress, on_outcome, description=description, items=items)
+
+
+def open_watch(
+    run: Run[Any], recorder: NullRecorder, limiter: Limiter, watching: Watching | None, runner: str
+) -> Watch | None:
+    """What serves ``watching`` beside ``run``'s workers, its display started; None if nothing is watched."""
+    if watching is None or not watching.asked:
+        return None
+    display = open_display(watching.progress, watching.description or runner, run.size)
+    if display is None and run.hook is None:
+        return None  # a bar on a stderr that is not a terminal: nothing to serve
+    return Watch(run.hook, display, recorder, limiter, run.size)
