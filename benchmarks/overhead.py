@@ -13,7 +13,9 @@ next.  So this scenario measures four pairs, each side on the same op functions,
   pattern, ``asyncio.gather`` over a task per op behind ``asyncio.Semaphore(L)``,
   ``aiometer.run_on_each(fn, ops, max_at_once=L)``, and ``SemaphoreRunner(limit=L,
   verify_commits=True)`` (the cost of reading each writing unit's transaction id before COMMIT:
-  its ratio beside the plain runner's);
+  its ratio beside the plain runner's), and the runner watched (``on_outcome=`` a counter and
+  ``progress=`` a rich bar drawn into memory: what watching costs when asked for; the plain
+  runner, which asks for neither, has no per-unit work for it);
 * ``chunked``: ``ChunkedRunner(chunk_size=L)`` against ``asyncio.gather`` over each consecutive
   chunk of L ops (asyncpg);
 * ``threads``: ``ThreadOffloadRunner(limit=L).run_sync(units)`` against
@@ -38,11 +40,14 @@ library spent less).  ``--overhead-rounds`` sets K (default 5).
 from __future__ import annotations
 
 import asyncio
+import io
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rich.console import Console
+from rich.progress import Progress
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from boundeddb import SemaphoreRunner
@@ -97,31 +102,49 @@ def _semaphore(ctx: Context, limit: int, ops: list[Op], group: str, label: str) 
     asyncio.run(semaphore.measure(ctx, limit, ops, group=group, label=label))
 
 
-async def _measure_verified(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    """:func:`semaphore.measure` with ``verify_commits=True`` (the runner under its own label)."""
+async def _measure_semaphore(
+    ctx: Context,
+    limit: int,
+    ops: list[Op],
+    group: str,
+    label: str,
+    *,
+    verify: bool = False,
+    watch: bool = False,
+) -> None:
+    """:func:`semaphore.measure` with ``verify_commits=True`` or watched (the runner under its own label)."""
     ctx.reset()
     app = ctx.app_name(label)
     engine = ctx.db.async_engine(app, pool_size=limit)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
-    config = {
-        "driver": "asyncpg",
-        "limit": limit,
-        "pool_size": limit,
-        "max_overflow": 0,
-        "verify_commits": True,
-    }
+    config = {"driver": "asyncpg", "limit": limit, "pool_size": limit, "max_overflow": 0}
+    watched: dict[str, Any] = {}
+    if verify:
+        config["verify_commits"] = True
+    if watch:
+        config.update(on_outcome=True, progress=True)
+        settled = [0]
+        console = Console(file=io.StringIO(), force_terminal=True, width=120)
+        watched = {
+            "progress": Progress(console=console, auto_refresh=False),
+            "on_outcome": lambda outcome: settled.__setitem__(0, settled[0] + 1),
+        }
     try:
         async with (
-            SemaphoreRunner(sessions, limit=limit, errors="collect", verify_commits=True) as runner,
+            SemaphoreRunner(sessions, limit=limit, errors="collect", verify_commits=verify) as runner,
             Probe(ctx, "semaphore", label, total=len(ops), app_name=app, group=group, config=config) as p,
         ):
-            record(p, await runner.run([async_unit(op, p.tick) for op in ops]))
+            record(p, await runner.run([async_unit(op, p.tick) for op in ops], **watched))
     finally:
         await engine.dispose()
 
 
 def _semaphore_verified(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    asyncio.run(_measure_verified(ctx, limit, ops, group, label))
+    asyncio.run(_measure_semaphore(ctx, limit, ops, group, label, verify=True))
+
+
+def _semaphore_watched(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(_measure_semaphore(ctx, limit, ops, group, label, watch=True))
 
 
 def _window(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
@@ -174,6 +197,12 @@ PAIRS: dict[str, Pair] = {
                     "semaphore verify_commits",
                     "SemaphoreRunner(limit=L, verify_commits=True).run",
                     _semaphore_verified,
+                ),
+                Side(
+                    "watched",
+                    "semaphore watched",
+                    "SemaphoreRunner(limit=L).run(units, on_outcome=..., progress=...)",
+                    _semaphore_watched,
                 ),
                 Side(
                     "tutorial", "tutorial gather+Semaphore", "gather, a task per op, Semaphore(L)", _tutorial
