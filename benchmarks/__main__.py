@@ -5,6 +5,9 @@ The default suite (N=5,000) took about 8 minutes on 2 cores; ``--n 35000`` is th
 reproduction (and then ``memory`` streams 1,000,000 units): about 35 minutes on 2 cores, and about
 45 with ``--index --sweep-n 3500``.  Those times predate the ``overhead`` scenario's four pairs and
 5 rounds: on its own it now takes about 2 minutes a round per schema at N >= 3,000 (10 runs of 3,000 ops).
+
+``--database mysql`` runs the post's workload on MySQL/MariaDB instead (the scenarios in
+:data:`MYSQL_SCENARIOS`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import (
     _charts,
+    _db_mysql,
     _report,
     _report_auto,
     _report_fleet,
@@ -50,6 +54,7 @@ from . import (
     threads,
 )
 from ._db import Database, resolve
+from ._db_mysql import MySQLDatabase
 from ._harness import Context, Measurement
 from ._workload import make_ops
 
@@ -58,8 +63,10 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "async-unbounded": async_unbounded.run,
     "chunked": chunked.run,
     "semaphore": semaphore.run,
+    "semaphore-asyncmy": semaphore.run_asyncmy,
     "threads": threads.run,
     "threads-psycopg2": threads.run_psycopg2,
+    "threads-mysqldb": threads.run_mysqldb,
     "gevent": gevent_pool.run,
     "hand-rolled": hand_rolled.run,
     "raw-asyncpg": raw_asyncpg.run,
@@ -73,14 +80,28 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "post-004": post004.run,
     "memory": memory.run,
 }
+#: What ``--database mysql`` runs (on aiomysql, asyncmy, pymysql, mysqlclient), and only there.
+MYSQL_SCENARIOS = (
+    "sync",
+    "chunked",
+    "semaphore",
+    "semaphore-asyncmy",
+    "threads",
+    "threads-mysqldb",
+    "hand-rolled",
+)
+#: Scenarios of MySQL drivers, which the PostgreSQL suite does not run.
+MYSQL_ONLY = ("semaphore-asyncmy", "threads-mysqldb")
 #: Scenarios that run the op sequence once and give a row of the throughput table.
 THROUGHPUT = (
     "sync",
     "async-unbounded",
     "chunked",
     "semaphore",
+    "semaphore-asyncmy",
     "threads",
     "threads-psycopg2",
+    "threads-mysqldb",
     "gevent",
     "hand-rolled",
     "raw-asyncpg",
@@ -90,7 +111,7 @@ INDEX_PASS = (*THROUGHPUT, "overhead", "instructions", "limit-sweep", "auto-limi
 PACKAGES = (
     "boundeddb", "sqlalchemy", "asyncpg", "psycopg", "psycopg-binary", "psycopg2-binary", "greenlet",
     "anyio", "aiometer", "starlette", "uvicorn", "httpx", "pgserver", "matplotlib", "rich", "psutil",
-    "gevent", "psycogreen",
+    "gevent", "psycogreen", "aiomysql", "asyncmy", "pymysql", "mysqlclient",
 )  # fmt: skip
 RESULTS = Path(__file__).with_name("results")
 #: Default DB requests per loop-lag variant: N/2, at most this (the scenario has 15 variants).
@@ -150,6 +171,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="pair the instructions scenario counts (repeatable; default: all; ~10 min per pair and schema)",
     )
     p.add_argument("--embedded", action="store_true", help="use an embedded pgserver even if one answers")
+    p.add_argument(
+        "--database",
+        choices=("postgresql", "mysql"),
+        default="postgresql",
+        help="run on PostgreSQL (default) or on MySQL/MariaDB ($BOUNDEDDB_BENCH_MYSQL_URL, "
+        f"default {_db_mysql.DEFAULT_URL}): the throughput scenarios",
+    )
     args = p.parse_args(argv)
     n = args.n or (1_000 if args.quick else 5_000)
     args.n = n
@@ -157,13 +185,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     default_memory = 1_000_000 if n >= 35_000 else (5_000 if args.quick else 50_000)
     args.memory_units = args.memory_units or default_memory
     args.loop_lag_requests = args.loop_lag_requests or max(200, min(n // 2, LOOP_LAG_REQUESTS_CAP))
-    args.scenario = args.scenario or list(SCENARIOS)
+    if args.database == "mysql":
+        args.scenario = args.scenario or list(MYSQL_SCENARIOS)
+        if elsewhere := [name for name in args.scenario if name not in MYSQL_SCENARIOS]:
+            p.error(
+                f"--database mysql runs {', '.join(MYSQL_SCENARIOS)}; not {', '.join(elsewhere)} "
+                "(PostgreSQL only: drop --database mysql)"
+            )
+        if args.embedded:
+            p.error("--embedded starts a PostgreSQL: it does not go with --database mysql")
+    else:
+        args.scenario = args.scenario or [name for name in SCENARIOS if name not in MYSQL_ONLY]
+        if mysql_only := [name for name in args.scenario if name in MYSQL_ONLY]:
+            p.error(f"{', '.join(mysql_only)} run(s) on MySQL/MariaDB: add --database mysql")
     if args.limit < 1 or n < 2 or args.overhead_rounds < 1 or args.auto_rounds < 1:
         p.error("--limit, --overhead-rounds and --auto-rounds must be >= 1 and --n >= 2")
     return args
 
 
-def environment(args: argparse.Namespace, db: Database) -> dict[str, Any]:
+def environment(args: argparse.Namespace, db: Database | MySQLDatabase) -> dict[str, Any]:
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
@@ -190,6 +230,8 @@ def environment(args: argparse.Namespace, db: Database) -> dict[str, Any]:
         "versions": versions,
         "git_commit": commit or None,
         "database": db.shown,
+        "database_kind": db.kind,
+        "server_product": db.product,
         "database_source": db.source,
         "server_version": db.server_version,
         "max_connections": db.max_connections,
@@ -250,8 +292,16 @@ def run_suite(ctx: Context, names: list[str], *, index: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    db = resolve(embedded=args.embedded)
-    print(f"Database: {db.shown} ({db.source}), PostgreSQL {db.server_version}", file=sys.stderr)
+    db: Database | MySQLDatabase
+    if args.database == "mysql":
+        try:
+            db = _db_mysql.resolve()
+        except _db_mysql.ServerUnavailable as exc:
+            print(f"python -m benchmarks --database mysql: {exc}", file=sys.stderr)
+            return 2
+    else:
+        db = resolve(embedded=args.embedded)
+    print(f"Database: {db.shown} ({db.source}), {db.product} {db.server_version}", file=sys.stderr)
     out = args.out or RESULTS / f"{dt.datetime.now():%Y%m%d-%H%M%S}-n{args.n}"
     out.mkdir(parents=True, exist_ok=True)
     env = environment(args, db)
@@ -282,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     _report.write_json(out / "results.json", env, ctx.results, {})  # kept should the report fail
     text, data = _report.render(env, ctx.results)
     charts = [
-        _charts.connections(out / "connections.png", [m for m in ctx.results if m.group == "main"]),
+        _charts.connections(
+            out / "connections.png", [m for m in ctx.results if m.group == "main"], source=db.activity_source
+        ),
         _charts.sweep(out / "limit_sweep.png", [m for m in ctx.results if m.group == "sweep"]),
         _charts.loop_lag(out / "loop_lag.png", [m for m in ctx.results if m.group == "loop-lag"]),
         _report_auto.chart(out / "auto_limit.png", [m for m in ctx.results if m.group == "auto"]),

@@ -8,7 +8,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from . import _report_auto, _report_fleet, _report_mixed, fleet, instructions, mixed, overhead, post004
+from . import (
+    _report_auto,
+    _report_fleet,
+    _report_mixed,
+    fleet,
+    instructions,
+    mixed,
+    overhead,
+    post004,
+)
 from ._harness import Measurement
 from ._report_loop import INLINE, best_boundeddb, loop_table, ping_paragraph
 
@@ -20,8 +29,19 @@ PREVIOUS_35K = {
     "async sliding window (L=10-40)": "82-100 s",
     "psycopg2 threads": "52-61 s",
 }
-RUNNERS = ("semaphore", "threads", "threads-psycopg2")
+RUNNERS = ("semaphore", "threads", "threads-psycopg2", "semaphore-asyncmy", "threads-mysqldb")
 ORM_RUNNERS = (*RUNNERS, "chunked")
+#: The MySQL/MariaDB pass's ratios: each runner against its hand-written twin, and driver against driver.
+MYSQL_PAIRS = (
+    ("semaphore", "hand-window", "semaphore / hand-written window"),
+    ("semaphore", "hand-rolled", "semaphore / hand-rolled gather+Semaphore"),
+    ("chunked", "hand-chunks", "chunked-40 / hand-written chunks of 40"),
+    ("threads", "hand-rolled-threads", "threads / hand-rolled threads"),
+    ("semaphore-asyncmy", "semaphore", "semaphore on asyncmy / on aiomysql"),
+    ("threads-mysqldb", "threads", "threads on mysqlclient / on pymysql"),
+    ("threads", "semaphore", "threads / semaphore"),
+    ("semaphore", "sync", "semaphore / sync"),
+)
 
 
 def _f(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -32,8 +52,8 @@ def _row(cells: Iterable[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    align = ["---"] + ["---:"] * (len(header) - 2) + ["---"]
+def _table(header: list[str], rows: list[list[str]], *, text_columns: int = 1) -> list[str]:
+    align = ["---"] * text_columns + ["---:"] * (len(header) - 1 - text_columns) + ["---"]
     return [_row(header), _row(align), *(_row(r) for r in rows)]
 
 
@@ -43,9 +63,10 @@ def _status(m: Measurement) -> str:
     return f"{m.failed} failed" if m.failed else ""
 
 
-def main_table(rows: list[Measurement]) -> list[str]:
+def main_table(rows: list[Measurement], *, driver_column: bool = False) -> list[str]:
     header = [
         "scenario",
+        *(["driver"] if driver_column else []),
         "time, s",
         "ops/s",
         "p50, ms",
@@ -59,6 +80,7 @@ def main_table(rows: list[Measurement]) -> list[str]:
     body = [
         [
             m.label,
+            *([str(m.config.get("driver", "-"))] if driver_column else []),
             _f(m.wall_s),
             _f(m.ops_per_s, digits=0),
             _f(m.p50_s, 1e3),
@@ -71,7 +93,36 @@ def main_table(rows: list[Measurement]) -> list[str]:
         ]
         for m in rows
     ]
-    return _table(header, body)
+    return _table(header, body, text_columns=2 if driver_column else 1)
+
+
+def _pick_label(rows: list[Measurement], prefix: str, schema: str) -> Measurement | None:
+    return _ok(next((m for m in rows if m.label.startswith(prefix) and m.schema == schema), None))
+
+
+def mysql_ratios(main: list[Measurement], schema: str) -> dict[str, dict[str, Any]]:
+    """The MySQL/MariaDB pass's within-run ratios of ops/s (single runs: a few percent is noise)."""
+    out: dict[str, dict[str, Any]] = {}
+    best, chunks = _best(main, RUNNERS, schema), _pick(main, "chunked", schema)
+    pairs = [("best runner / chunked", best, chunks)]
+    for num, den, name in MYSQL_PAIRS:
+        by_label = den in ("hand-window", "hand-chunks")
+        pairs.append(
+            (
+                name,
+                _pick(main, num, schema),
+                _pick_label(main, den, schema) if by_label else _pick(main, den, schema),
+            )
+        )
+    for name, n, d in pairs:
+        value = n.ops_per_s / d.ops_per_s if n and d and n.ops_per_s and d.ops_per_s else None
+        out[name] = {
+            "value": value,
+            "numerator": n.label if n else None,
+            "denominator": d.label if d else None,
+            "source": "single run",
+        }
+    return out
 
 
 def _sweep_key(m: Measurement) -> tuple[str, str, int]:
@@ -354,14 +405,38 @@ def targets(
     return out
 
 
-def _cpu_note(main: list[Measurement], schema: str) -> tuple[float, float] | None:
+def mysql_throughput(main: list[Measurement]) -> list[str]:
+    """The throughput section of a ``--database mysql`` run: the table with each row's driver, and notes."""
+    out = ["## Throughput (MySQL/MariaDB)", "", *main_table(main, driver_column=True), ""]
+    out += [f"- {m.label}: {m.extra['note']}" for m in main if m.extra.get("note")]
+    out += [""] if any(m.extra.get("note") for m in main) else []
+    return [
+        *out,
+        "Latency is per unit, from opening its session to closing it.  Peak connections are sampled "
+        "from information_schema.processlist every 100 ms on a separate connection (the scenario's "
+        "connections are those on the suite's database, boundeddb_bench).  Client CPU is this process's; "
+        "server CPU is utime+stime of the server threads (processlist TID) of the scenario's connections, "
+        "read from /proc/<mariadbd>/task, less what each thread had spent before the scenario.",
+        "",
+        "Schemas on InnoDB: a foreign key needs an index, and InnoDB makes one on b.a_id by itself; the "
+        "faithful pass drops the constraint and that index (so that a read scans b, as on PostgreSQL), the "
+        "index pass keeps the post's tables as InnoDB creates them.",
+        "",
+        "Where the time goes:",
+        "",
+        *schema_note(main, backends="the server threads of the scenarios' connections"),
+        "",
+    ]
+
+
+def _cpu_note(main: list[Measurement], schema: str) -> tuple[float, float] | None:  # (client, server)
     rows = [m for m in main if m.schema == schema and not m.error and m.server_cpu_s is not None]
     if not rows:
         return None
     return sum(m.client_cpu_s or 0.0 for m in rows), sum(m.server_cpu_s or 0.0 for m in rows)
 
 
-def schema_note(main: list[Measurement]) -> list[str]:
+def schema_note(main: list[Measurement], *, backends: str = "the database backends") -> list[str]:
     """Where the time goes, and what the index on b.a_id changes."""
     lines = []
     for schema in ("faithful", "index"):
@@ -372,16 +447,25 @@ def schema_note(main: list[Measurement]) -> list[str]:
         share = server / (client + server) if client + server else 0.0
         what = "the post's, no index on b.a_id" if schema == "faithful" else "with an index on b.a_id"
         lines.append(
-            f"- {schema} schema ({what}): the database backends used {server:.1f} CPU-s against "
+            f"- {schema} schema ({what}): {backends} used {server:.1f} CPU-s against "
             f"{client:.1f} CPU-s in this process ({share:.0%} server)."
         )
-    pairs = [
-        (m, next((x for x in main if x.scenario == m.scenario and x.schema == "index" and not x.error), None))
-        for m in main
-        if m.schema == "faithful" and not m.error
-    ]
+    faithful_rows = [m for m in main if m.schema == "faithful" and not m.error]
+    scenarios = [m.scenario for m in faithful_rows]
+
+    def twin(m: Measurement) -> Measurement | None:
+        """The row's index-pass twin: same scenario, or same label where a scenario has several rows."""
+        if scenarios.count(m.scenario) == 1:
+            return next(
+                (x for x in main if x.scenario == m.scenario and x.schema == "index" and not x.error), None
+            )
+        return next((x for x in main if x.label == f"{m.label} [index]" and not x.error), None)
+
+    pairs = [(m, twin(m)) for m in faithful_rows]
     speedups = [
-        (m.scenario, x.ops_per_s / m.ops_per_s) for m, x in pairs if x and x.ops_per_s and m.ops_per_s
+        (m.scenario if scenarios.count(m.scenario) == 1 else m.label, x.ops_per_s / m.ops_per_s)
+        for m, x in pairs
+        if x and x.ops_per_s and m.ops_per_s
     ]
     faithful = _cpu_note(main, "faithful")
     if faithful and sum(faithful) and faithful[1] / sum(faithful) >= 0.5:
@@ -409,9 +493,11 @@ def schema_note(main: list[Measurement]) -> list[str]:
 def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[str, Any]]:
     """The Markdown report and the data of ratios and targets."""
     main = [m for m in results if m.group == "main"]
+    mysql = env.get("database_kind") == "mysql"
     out = [f"# boundeddb benchmark — N={env['n']:,}, seed {env['seed']}, L={env['limit']}", ""]
     out.append(
-        f"Database: {env['database']} ({env['database_source']}), PostgreSQL {env['server_version']}, "
+        f"Database: {env['database']} ({env['database_source']}), "
+        f"{env.get('server_product', 'PostgreSQL')} {env['server_version']}, "
     )
     out.append(
         f"max_connections={env['max_connections']}; {env['cpu_count']} CPUs; Python {env['python']}; "
@@ -425,7 +511,9 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         )
     out.append("")
     data: dict[str, Any] = {"ratios": {}, "targets": []}
-    if main:
+    if main and mysql:
+        out += mysql_throughput(main)
+    elif main:
         out += ["## Throughput", "", *main_table(main), ""]
         out += [f"- {m.label}: {m.extra['note']}" for m in main if m.extra.get("note")]
         out += [""] if any(m.extra.get("note") for m in main) else []
@@ -467,6 +555,12 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
     for schema in ("faithful", "index"):
         if not any(m.schema == schema for m in main + over_rows):
             continue
+        if mysql:
+            data["ratios"][schema] = mysql_ratios(main, schema)
+            out += [f"Ratios of ops/s ({schema} schema; single runs):", ""]
+            out += [_ratio_line(name, r) for name, r in data["ratios"][schema].items()]
+            out.append("")
+            continue
         data["ratios"][schema] = ratios(main, schema, data.get("overhead", {}).get(schema))
         out += [f"Ratios of ops/s ({schema} schema):", ""]
         single = any(m.schema == schema for m in main)  # no throughput rows: no single-run lines
@@ -494,6 +588,16 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         out += post004.section(p004)
     if mem := [m for m in results if m.group == "memory"]:
         out += ["## Memory", "", *memory_table(mem), ""]
+    if mysql:  # the suite's other targets are the PostgreSQL suite's
+        r = (data["ratios"].get("faithful") or mysql_ratios(main, "faithful"))["best runner / chunked"][
+            "value"
+        ]
+        status = "n/a" if r is None else ("PASS" if r >= 1.3 else "MISS")
+        target = "fastest runner >= 1.3x chunked-40 ops/s (MySQL/MariaDB)"
+        data["targets"] = [{"target": target, "value": r, "status": status, "shown": f"{_f(r, digits=2)}x"}]
+        out += ["## Targets (reported, not asserted)", ""]
+        out += [f"- {t['status']}: {t['target']} — {t['shown']}" for t in data["targets"]]
+        return "\n".join(out) + "\n", data
     ratio = data["ratios"].get("faithful") or ratios(main, "faithful")
     data["targets"] = targets(results, ratio, data.get("overhead"))
     data["targets"] += instructions.targets(data.get("instructions", {}))
