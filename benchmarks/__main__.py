@@ -7,7 +7,7 @@ reproduction (and then ``memory`` streams 1,000,000 units): about 35 minutes on 
 5 rounds: on its own it now takes about 2 minutes a round per schema at N >= 3,000 (10 runs of 3,000 ops).
 
 ``--database mysql`` runs the post's workload on MySQL/MariaDB instead (the scenarios in
-:data:`MYSQL_SCENARIOS`).
+:data:`MYSQL_SCENARIOS`, among them ``post-002``).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from . import (
     memory,
     mixed,
     overhead,
+    post002,
     post004,
     raw_asyncpg,
     semaphore,
@@ -78,6 +79,7 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "fleet": fleet.run,
     "loop-lag": loop_lag.run,
     "post-004": post004.run,
+    "post-002": post002.run,
     "memory": memory.run,
 }
 #: What ``--database mysql`` runs (on aiomysql, asyncmy, pymysql, mysqlclient), and only there.
@@ -89,9 +91,10 @@ MYSQL_SCENARIOS = (
     "threads",
     "threads-mysqldb",
     "hand-rolled",
+    "post-002",
 )
 #: Scenarios of MySQL drivers, which the PostgreSQL suite does not run.
-MYSQL_ONLY = ("semaphore-asyncmy", "threads-mysqldb")
+MYSQL_ONLY = ("semaphore-asyncmy", "threads-mysqldb", "post-002")
 #: Scenarios that run the op sequence once and give a row of the throughput table.
 THROUGHPUT = (
     "sync",
@@ -176,7 +179,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         choices=("postgresql", "mysql"),
         default="postgresql",
         help="run on PostgreSQL (default) or on MySQL/MariaDB ($BOUNDEDDB_BENCH_MYSQL_URL, "
-        f"default {_db_mysql.DEFAULT_URL}): the throughput scenarios",
+        f"default {_db_mysql.DEFAULT_URL}): the throughput scenarios and post-002",
+    )
+    p.add_argument(
+        "--post-002-rounds",
+        type=int,
+        default=post002.DEFAULT_ROUNDS,
+        metavar="K",
+        help=f"rounds of the post-002 scenario, order alternating (default {post002.DEFAULT_ROUNDS})",
     )
     args = p.parse_args(argv)
     n = args.n or (1_000 if args.quick else 5_000)
@@ -198,8 +208,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.scenario = args.scenario or [name for name in SCENARIOS if name not in MYSQL_ONLY]
         if mysql_only := [name for name in args.scenario if name in MYSQL_ONLY]:
             p.error(f"{', '.join(mysql_only)} run(s) on MySQL/MariaDB: add --database mysql")
-    if args.limit < 1 or n < 2 or args.overhead_rounds < 1 or args.auto_rounds < 1:
-        p.error("--limit, --overhead-rounds and --auto-rounds must be >= 1 and --n >= 2")
+    if (
+        args.limit < 1
+        or n < 2
+        or args.overhead_rounds < 1
+        or args.auto_rounds < 1
+        or args.post_002_rounds < 1
+    ):
+        p.error("--limit, --overhead-rounds, --auto-rounds and --post-002-rounds must be >= 1 and --n >= 2")
     return args
 
 
@@ -244,6 +260,7 @@ def environment(args: argparse.Namespace, db: Database | MySQLDatabase) -> dict[
         "loop_lag_requests": args.loop_lag_requests,
         "overhead_rounds": args.overhead_rounds,
         "auto_rounds": args.auto_rounds,
+        "post_002_rounds": args.post_002_rounds,
         "overhead_n": min(args.n, overhead.MAX_OPS),
         "index": args.index,
         "scenarios": args.scenario,
@@ -317,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             loop_lag_requests=args.loop_lag_requests,
             overhead_rounds=args.overhead_rounds,
             auto_rounds=args.auto_rounds,
+            post_002_rounds=args.post_002_rounds,
             instructions_pairs=tuple(args.instructions_pair or overhead.PAIRS),
             progress=progress,
         )

@@ -106,6 +106,8 @@ class Context:
     overhead_rounds: int = 5
     #: Rounds of the auto-limit scenario's comparisons.
     auto_rounds: int = 3
+    #: Rounds of the post-002 scenario.
+    post_002_rounds: int = 10
     #: The overhead pairs the instructions scenario counts.
     instructions_pairs: tuple[str, ...] = ()
     progress: Progress | None = None

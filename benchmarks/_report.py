@@ -12,10 +12,12 @@ from . import (
     _report_auto,
     _report_fleet,
     _report_mixed,
+    _report_post002,
     fleet,
     instructions,
     mixed,
     overhead,
+    post002,
     post004,
 )
 from ._harness import Measurement
@@ -586,6 +588,9 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         out += ["## Loop lag under HTTP load", "", *loop_table(loop), "", *ping_paragraph(loop)]
     if p004 := [m for m in results if m.group == post004.GROUP]:
         out += post004.section(p004)
+    if p002 := [m for m in results if m.group == post002.GROUP]:
+        lines, data["post_002"] = _report_post002.section(p002)
+        out += lines
     if mem := [m for m in results if m.group == "memory"]:
         out += ["## Memory", "", *memory_table(mem), ""]
     if mysql:  # the suite's other targets are the PostgreSQL suite's
