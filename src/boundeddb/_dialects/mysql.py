@@ -12,6 +12,10 @@ event loop never waits for it); a thread's statement is killed the same way when
 cancelled.  A cancelled connection is never returned to the pool: the async drivers' protocol is
 left mid-reply (asyncmy#103), and SQLAlchemy invalidates it.
 
+An ``autocommit`` in the engine's URL is refused: SQLAlchemy passes its text to the driver, which
+takes any non-empty string as true, so ``?autocommit=false`` switches autocommit *on*, every statement
+commits by itself, and a failed unit's earlier statements stay (see :meth:`MySQL.check_engine`).
+
 The server's id of each connection is read when the connection is made: mysqlclient refuses any
 call on a connection while another thread runs a statement on it (``ProgrammingError: This
 connection is already in use from another thread``), ``thread_id()`` included, and a cancellation
@@ -138,6 +142,19 @@ class MySQL(Dialect):
         if self.is_connection_error(error):
             return True
         return isinstance(error, sa_exc.DBAPIError) and errno(error.orig) in TRANSIENT_ERRNOS
+
+    def check_engine(self, engine: Engine) -> None:
+        value = engine.url.query.get("autocommit")
+        if value is None:
+            return
+        msg = (
+            f"the engine's URL sets autocommit={value}: SQLAlchemy passes that text to the MySQL driver, "
+            "which takes any non-empty string as true, so its connections commit every statement by "
+            "itself and a failed unit's earlier statements would stay committed; remove autocommit from "
+            "the URL (the runner commits or rolls back each unit), or, to run without transactions on "
+            "purpose, use create_engine(..., isolation_level='AUTOCOMMIT')"
+        )
+        raise ValueError(msg)
 
     def watch(self, engine: Engine) -> None:
         with self._lock:
