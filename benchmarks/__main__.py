@@ -252,6 +252,7 @@ def environment(args: argparse.Namespace, db: Database | MySQLDatabase) -> dict[
         "server_version": db.server_version,
         "max_connections": db.max_connections,
         "server_local": db.local,
+        "server_settings": getattr(db, "settings", {}),
         "n": args.n,
         "seed": args.seed,
         "limit": args.limit,

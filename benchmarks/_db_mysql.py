@@ -36,6 +36,15 @@ DEFAULT_URL = "mysql://root@127.0.0.1:3306/test"
 HEADROOM = 3
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 SERVER_PROCESS_NAMES = frozenset({"mariadbd", "mysqld"})
+#: The server settings the report shows: what a commit costs, and the memory InnoDB has.
+SETTINGS = (
+    "innodb_flush_log_at_trx_commit",
+    "sync_binlog",
+    "log_bin",
+    "innodb_buffer_pool_size",
+    "thread_handling",
+    "tx_isolation",
+)
 
 
 class ServerUnavailable(RuntimeError):
@@ -54,6 +63,8 @@ class MySQLDatabase:
     #: The server's process, when it is local and visible here (for its threads' CPU).
     server_pid: int | None = None
     product: str = "MariaDB"
+    #: Server settings the figures depend on (a commit's fsync above all), for the report.
+    settings: dict[str, str] = field(default_factory=dict)
     #: Threads of the server process and the CPU each had spent, at the start of the current probe.
     _baseline: dict[int, float] = field(default_factory=dict, repr=False)
     kind = "mysql"
@@ -231,6 +242,10 @@ def resolve() -> MySQLDatabase:
         assert row is not None
         db.server_version, db.max_connections = str(row[0]), int(row[1])
         db.product = "MariaDB" if "mariadb" in db.server_version.lower() else "MySQL"
+        with conn.cursor() as cursor:
+            cursor.execute(f"SELECT {', '.join(f'@@{name}' for name in SETTINGS)}")
+            values = cursor.fetchone() or ()
+        db.settings = {name: str(value) for name, value in zip(SETTINGS, values, strict=False)}
         db.server_pid = _server_pid(conn) if db.local else None
     finally:
         conn.close()

@@ -505,6 +505,10 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         f"max_connections={env['max_connections']}; {env['cpu_count']} CPUs; Python {env['python']}; "
         f"SQLAlchemy {env['versions'].get('sqlalchemy')}; boundeddb {env['versions'].get('boundeddb')}."
     )
+    if mysql and env.get("server_settings"):
+        out.append(
+            "Server settings: " + ", ".join(f"{k}={v}" for k, v in env["server_settings"].items()) + "."
+        )
     if env.get("loadavg_start"):
         out.append(
             f"Load average (1, 5, 15 min) at the start: {', '.join(map(str, env['loadavg_start']))}; "
