@@ -35,6 +35,7 @@ from . import (
     _report_auto,
     _report_fleet,
     _report_mixed,
+    _report_post002,
     async_unbounded,
     auto_limit,
     chunked,
@@ -359,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         _report_auto.chart(out / "auto_limit.png", [m for m in ctx.results if m.group == "auto"]),
         _report_mixed.chart(out / "mixed.png", [m for m in ctx.results if m.group == mixed.GROUP]),
         _report_fleet.chart(out / "fleet.png", [m for m in ctx.results if m.group == fleet.GROUP]),
+        _report_post002.chart(out / "post002.png", [m for m in ctx.results if m.group == post002.GROUP]),
     ]
     (out / "report.md").write_text(text)
     _report.write_json(out / "results.json", env, ctx.results, data)

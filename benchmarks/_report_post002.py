@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
 from ._figures import median_of, shown
@@ -189,3 +190,33 @@ def answer(s: dict[str, Any]) -> list[str]:
         else:
             lines.append(f'With aiomysql\'s default pool the "not returned" loop finished: {check}.')
     return lines
+
+
+def chart(path: Path, rows: list[Measurement]) -> Path | None:
+    """Each variant's time per 100 inserts in every round (dots) and its median (a bar), log scale."""
+    runs = [m for m in rows if m.config.get("variant") not in (None, "check") and not m.error and m.wall_s]
+    if not runs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(dict.fromkeys(m.label for m in runs))
+    fig, ax = plt.subplots(figsize=(11, 0.42 * len(labels) + 1.8))
+    for y, label in enumerate(labels):
+        times = [(m.wall_s or 0) * 1e3 for m in runs if m.label == label]
+        test = next(m.config.get("test") for m in runs if m.label == label)
+        color = {"autocommit off": "C0", "autocommit on": "C1", "transactions": "C2"}.get(str(test), "C3")
+        ax.scatter(times, [y] * len(times), s=14, alpha=0.6, color=color)
+        ax.plot([statistics.median(times)] * 2, [y - 0.35, y + 0.35], color=color, linewidth=2.5)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel(f"ms per {LOOP} inserts (dots: rounds; bar: median); log scale")
+    ax.set_title("Post 002: sync SQLAlchemy against aiomysql, and boundeddb's runners, on the same inserts")
+    ax.grid(alpha=0.3, axis="x", which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
