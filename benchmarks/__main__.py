@@ -189,6 +189,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="K",
         help=f"rounds of the post-002 scenario, order alternating (default {post002.DEFAULT_ROUNDS})",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run the throughput scenarios K times, order alternating; the report gives medians (default 1)",
+    )
     args = p.parse_args(argv)
     n = args.n or (1_000 if args.quick else 5_000)
     args.n = n
@@ -215,8 +222,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         or args.overhead_rounds < 1
         or args.auto_rounds < 1
         or args.post_002_rounds < 1
+        or args.rounds < 1
     ):
-        p.error("--limit, --overhead-rounds, --auto-rounds and --post-002-rounds must be >= 1 and --n >= 2")
+        p.error("--limit, --rounds and each scenario's rounds must be >= 1, and --n >= 2")
     return args
 
 
@@ -263,6 +271,7 @@ def environment(args: argparse.Namespace, db: Database | MySQLDatabase) -> dict[
         "overhead_rounds": args.overhead_rounds,
         "auto_rounds": args.auto_rounds,
         "post_002_rounds": args.post_002_rounds,
+        "rounds": args.rounds,
         "overhead_n": min(args.n, overhead.MAX_OPS),
         "index": args.index,
         "scenarios": args.scenario,
@@ -281,32 +290,52 @@ def progress_bars() -> Iterator[Progress | None]:
         yield progress
 
 
-def run_suite(ctx: Context, names: list[str], *, index: bool) -> None:
+def run_suite(ctx: Context, names: list[str], *, index: bool, rounds: int = 1) -> None:
     """
     Run the scenarios in a fixed order, ``memory`` first: memory that other scenarios freed but
     the allocator kept would otherwise hide the RSS growth it measures.
+
+    With ``rounds`` above 1 the throughput scenarios of each pass run again in rounds 2 to
+    ``rounds``, in the reverse order in even rounds (each of their measurements records its round
+    and order; the report gives each row's median); the other scenarios run once, in round 1.
     """
     names = sorted(set(names), key=lambda name: (name != "memory", list(SCENARIOS).index(name)))
     passes = [False, True] if index else [False]
     for use_index in passes:
         ctx.index = use_index
-        for name in names:
-            if ctx.index and name not in INDEX_PASS:
-                continue
-            before = len(ctx.results)
-            started = time.perf_counter()
-            try:
-                SCENARIOS[name](ctx)
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                ctx.results.append(Measurement(scenario=name, label=name, schema=ctx.schema, error=error))
-                ctx.log(f"{name}: FAILED: {error}")
-            took = time.perf_counter() - started
-            for m in ctx.results[before:]:
-                if not m.error:
-                    ctx.log(f"done: {m.label:<40} {m.wall_s or 0:8.1f} s {m.ops_per_s or 0:8.0f} ops/s")
-            if ctx.progress is None:
-                print(f"[{name}{' [index]' if ctx.index else ''}: {took:.1f} s]", file=sys.stderr, flush=True)
+        for round_no in range(1, rounds + 1):
+            todo = [name for name in names if not (ctx.index and name not in INDEX_PASS)]
+            if round_no > 1:
+                todo = [name for name in todo if name in THROUGHPUT]
+            order = "forward" if round_no % 2 else "reverse"
+            if order == "reverse":
+                todo.reverse()
+            if rounds > 1:
+                ctx.log(
+                    f"round {round_no}/{rounds} ({order}){' [index]' if ctx.index else ''}: {', '.join(todo)}"
+                )
+            run_scenarios(ctx, todo, round_no=round_no if rounds > 1 else None, order=order)
+
+
+def run_scenarios(ctx: Context, names: list[str], *, round_no: int | None, order: str) -> None:
+    """Run ``names`` one after the other; a failing scenario becomes an error row, never an exception."""
+    for name in names:
+        before = len(ctx.results)
+        started = time.perf_counter()
+        try:
+            SCENARIOS[name](ctx)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            ctx.results.append(Measurement(scenario=name, label=name, schema=ctx.schema, error=error))
+            ctx.log(f"{name}: FAILED: {error}")
+        took = time.perf_counter() - started
+        for m in ctx.results[before:]:
+            if round_no is not None and name in THROUGHPUT:
+                m.config.update(round=round_no, order=order)
+            if not m.error:
+                ctx.log(f"done: {m.label:<40} {m.wall_s or 0:8.1f} s {m.ops_per_s or 0:8.0f} ops/s")
+        if ctx.progress is None:
+            print(f"[{name}{' [index]' if ctx.index else ''}: {took:.1f} s]", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=progress,
         )
         try:
-            run_suite(ctx, args.scenario, index=args.index)
+            run_suite(ctx, args.scenario, index=args.index, rounds=args.rounds)
         finally:
             try:
                 db.drop_schema()
@@ -353,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     text, data = _report.render(env, ctx.results)
     charts = [
         _charts.connections(
-            out / "connections.png", [m for m in ctx.results if m.group == "main"], source=db.activity_source
+            out / "connections.png",
+            [m for m in ctx.results if m.group == "main" and m.config.get("round", 1) == 1],
+            source=db.activity_source,
         ),
         _charts.sweep(out / "limit_sweep.png", [m for m in ctx.results if m.group == "sweep"]),
         _charts.loop_lag(out / "loop_lag.png", [m for m in ctx.results if m.group == "loop-lag"]),

@@ -20,6 +20,7 @@ from . import (
     post002,
     post004,
 )
+from ._figures import median_of
 from ._harness import Measurement
 from ._report_loop import INLINE, best_boundeddb, loop_table, ping_paragraph
 
@@ -66,11 +67,13 @@ def _status(m: Measurement) -> str:
 
 
 def main_table(rows: list[Measurement], *, driver_column: bool = False) -> list[str]:
+    rounds = any("ops_per_s_range" in m.extra for m in rows)
     header = [
         "scenario",
         *(["driver"] if driver_column else []),
         "time, s",
         "ops/s",
+        *(["ops/s min-max", "rounds"] if rounds else []),
         "p50, ms",
         "p99, ms",
         "peak conns",
@@ -85,6 +88,7 @@ def main_table(rows: list[Measurement], *, driver_column: bool = False) -> list[
             *([str(m.config.get("driver", "-"))] if driver_column else []),
             _f(m.wall_s),
             _f(m.ops_per_s, digits=0),
+            *([_range_of(m), str(m.extra.get("rounds", 1))] if rounds else []),
             _f(m.p50_s, 1e3),
             _f(m.p99_s, 1e3),
             str(m.peak_connections) if m.peak_connections is not None else "-",
@@ -96,6 +100,61 @@ def main_table(rows: list[Measurement], *, driver_column: bool = False) -> list[
         for m in rows
     ]
     return _table(header, body, text_columns=2 if driver_column else 1)
+
+
+def _range_of(m: Measurement) -> str:
+    low_high = m.extra.get("ops_per_s_range")
+    return f"{low_high[0]:,.0f}-{low_high[1]:,.0f}" if low_high else "-"
+
+
+def median_rows(rows: list[Measurement]) -> list[Measurement]:
+    """
+    One row per label for a run with ``--rounds`` above 1: the median of each figure over the rounds
+    that ran without error, the round count and the ops/s range in ``extra``; rows of one round pass.
+    """
+    by_label: dict[str, list[Measurement]] = {}
+    for m in rows:
+        by_label.setdefault(m.label, []).append(m)
+    out = []
+    for label, ms in by_label.items():
+        ok = [m for m in ms if not m.error and m.ops_per_s]
+        if len(ms) == 1 or not ok:
+            out.append(ms[0])
+            continue
+
+        def med(attr: str, ok: list[Measurement] = ok) -> float | None:
+            return median_of([getattr(m, attr) for m in ok])
+
+        first = ok[0]
+        out.append(
+            dataclasses.replace(
+                first,
+                label=label,
+                wall_s=med("wall_s"),
+                ops_per_s=med("ops_per_s"),
+                p50_s=med("p50_s"),
+                p99_s=med("p99_s"),
+                max_s=max((m.max_s or 0.0) for m in ok),
+                peak_connections=max((m.peak_connections or 0) for m in ok),
+                client_cpu_s=med("client_cpu_s"),
+                server_cpu_s=med("server_cpu_s"),
+                loop_lag_p99_s=med("loop_lag_p99_s"),
+                failed=sum(m.failed for m in ms),
+                config={k: v for k, v in first.config.items() if k not in ("round", "order")},
+                extra={
+                    **first.extra,
+                    "rounds": len(ok),
+                    "rounds_failed": len(ms) - len(ok),
+                    "ops_per_s_range": [
+                        min(m.ops_per_s or 0.0 for m in ok),
+                        max(m.ops_per_s or 0.0 for m in ok),
+                    ],
+                    "ops_per_s_rounds": [round(m.ops_per_s or 0.0, 1) for m in ok],
+                },
+                error=None,
+            )
+        )
+    return out
 
 
 def _pick_label(rows: list[Measurement], prefix: str, schema: str) -> Measurement | None:
@@ -495,6 +554,9 @@ def schema_note(main: list[Measurement], *, backends: str = "the database backen
 def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[str, Any]]:
     """The Markdown report and the data of ratios and targets."""
     main = [m for m in results if m.group == "main"]
+    rounds = max((int(m.config.get("round", 1)) for m in main), default=1)
+    if rounds > 1:
+        main = median_rows(main)
     mysql = env.get("database_kind") == "mysql"
     out = [f"# boundeddb benchmark — N={env['n']:,}, seed {env['seed']}, L={env['limit']}", ""]
     out.append(
@@ -514,6 +576,12 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
             f"Load average (1, 5, 15 min) at the start: {', '.join(map(str, env['loadavg_start']))}; "
             f"at the end: {', '.join(map(str, env.get('loadavg_end') or ['-']))} (the suite's own "
             f"processes included; above {env['cpu_count']} the machine was shared and figures are noisier)."
+        )
+    if rounds > 1:
+        out.append(
+            f"The throughput scenarios ran {rounds} times each, forward in odd rounds and in reverse in even "
+            "ones: each row of the throughput table is the median of its rounds (ops/s: with its range), "
+            "and the ratios are ratios of those medians."
         )
     out.append("")
     data: dict[str, Any] = {"ratios": {}, "targets": []}
