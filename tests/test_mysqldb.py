@@ -296,3 +296,21 @@ def test_mysqlclient_errors_are_classified() -> None:
     assert is_transient(wrapped(MySQLdb.OperationalError(1205, "Lock wait timeout exceeded")))
     assert is_transient(wrapped(MySQLdb.OperationalError(2013, "Lost connection to server during query")))
     assert not is_transient(wrapped(MySQLdb.IntegrityError(1062, "Duplicate entry")))
+
+
+def test_mysqlclient_refuses_thread_id_while_another_thread_runs_a_statement(
+    admin: Engine, marker: str
+) -> None:
+    """Why the runner reads a connection's id when it is made: asked while busy, mysqlclient raises."""
+    conn = MySQLdb.connect(
+        host=SERVER.host, port=SERVER.port or 3306, user=SERVER.username, password=SERVER.password or ""
+    )
+    busy = threading.Thread(target=lambda: conn.cursor().execute(f"SELECT /* {marker} */ SLEEP(1)"))
+    busy.start()
+    try:
+        assert eventually(lambda: len(marked(admin, marker)) == 1, 10)
+        with pytest.raises(MySQLdb.ProgrammingError, match="already in use from another thread"):
+            conn.thread_id()
+    finally:
+        busy.join()
+        conn.close()
