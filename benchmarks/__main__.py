@@ -13,7 +13,9 @@ reproduction (and then ``memory`` streams 1,000,000 units): about 35 minutes on 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
+import json
 import os
 import platform
 import subprocess
@@ -175,6 +177,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="pair the instructions scenario counts (repeatable; default: all; ~10 min per pair and schema)",
     )
     p.add_argument("--embedded", action="store_true", help="use an embedded pgserver even if one answers")
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="DIR",
+        help="run nothing: write DIR's report.md and charts again from DIR/results.json",
+    )
     p.add_argument(
         "--database",
         choices=("postgresql", "mysql"),
@@ -340,6 +348,8 @@ def run_scenarios(ctx: Context, names: list[str], *, round_no: int | None, order
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.render:
+        return render_again(args.render)
     db: Database | MySQLDatabase
     if args.database == "mysql":
         try:
@@ -379,25 +389,42 @@ def main(argv: list[str] | None = None) -> int:
     env["suite_wall_s"] = round(time.perf_counter() - started, 1)
     env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     _report.write_json(out / "results.json", env, ctx.results, {})  # kept should the report fail
-    text, data = _report.render(env, ctx.results)
+    write_report(out, env, ctx.results)
+    return 0
+
+
+def write_report(out: Path, env: dict[str, Any], results: list[Measurement]) -> None:
+    """The report, the charts and the JSON of a run, from its environment and measurements."""
+    text, data = _report.render(env, results)
+    source = "information_schema.processlist" if env.get("database_kind") == "mysql" else "pg_stat_activity"
     charts = [
         _charts.connections(
             out / "connections.png",
-            [m for m in ctx.results if m.group == "main" and m.config.get("round", 1) == 1],
-            source=db.activity_source,
+            [m for m in results if m.group == "main" and m.config.get("round", 1) == 1],
+            source=source,
         ),
-        _charts.sweep(out / "limit_sweep.png", [m for m in ctx.results if m.group == "sweep"]),
-        _charts.loop_lag(out / "loop_lag.png", [m for m in ctx.results if m.group == "loop-lag"]),
-        _report_auto.chart(out / "auto_limit.png", [m for m in ctx.results if m.group == "auto"]),
-        _report_mixed.chart(out / "mixed.png", [m for m in ctx.results if m.group == mixed.GROUP]),
-        _report_fleet.chart(out / "fleet.png", [m for m in ctx.results if m.group == fleet.GROUP]),
-        _report_post002.chart(out / "post002.png", [m for m in ctx.results if m.group == post002.GROUP]),
+        _charts.sweep(out / "limit_sweep.png", [m for m in results if m.group == "sweep"]),
+        _charts.loop_lag(out / "loop_lag.png", [m for m in results if m.group == "loop-lag"]),
+        _report_auto.chart(out / "auto_limit.png", [m for m in results if m.group == "auto"]),
+        _report_mixed.chart(out / "mixed.png", [m for m in results if m.group == mixed.GROUP]),
+        _report_fleet.chart(out / "fleet.png", [m for m in results if m.group == fleet.GROUP]),
+        _report_post002.chart(out / "post002.png", [m for m in results if m.group == post002.GROUP]),
     ]
     (out / "report.md").write_text(text)
-    _report.write_json(out / "results.json", env, ctx.results, data)
+    _report.write_json(out / "results.json", env, results, data)
     print(text)
     written = ["report.md", "results.json", *(p.name for p in charts if p is not None)]
     print(f"Suite took {env['suite_wall_s']} s. Wrote {', '.join(written)} to {out}")
+
+
+def render_again(directory: Path) -> int:
+    """``--render DIR``: write DIR's report and charts again from its results.json (no database needed)."""
+    doc = json.loads((directory / "results.json").read_text())
+    fields = {f.name for f in dataclasses.fields(Measurement)}
+    results = [Measurement(**{k: v for k, v in row.items() if k in fields}) for row in doc["results"]]
+    for m in results:  # JSON made the (seconds, connections) pairs lists
+        m.connections = [(float(t), int(c)) for t, c in m.connections]
+    write_report(directory, doc["environment"], results)
     return 0
 
 

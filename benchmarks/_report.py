@@ -161,8 +161,10 @@ def _pick_label(rows: list[Measurement], prefix: str, schema: str) -> Measuremen
     return _ok(next((m for m in rows if m.label.startswith(prefix) and m.schema == schema), None))
 
 
-def mysql_ratios(main: list[Measurement], schema: str) -> dict[str, dict[str, Any]]:
-    """The MySQL/MariaDB pass's within-run ratios of ops/s (single runs: a few percent is noise)."""
+def mysql_ratios(
+    main: list[Measurement], schema: str, source: str = "single run"
+) -> dict[str, dict[str, Any]]:
+    """The MySQL/MariaDB pass's within-run ratios of ops/s (of single runs, or of medians: see render)."""
     out: dict[str, dict[str, Any]] = {}
     best, chunks = _best(main, RUNNERS, schema), _pick(main, "chunked", schema)
     pairs = [("best runner / chunked", best, chunks)]
@@ -181,7 +183,7 @@ def mysql_ratios(main: list[Measurement], schema: str) -> dict[str, dict[str, An
             "value": value,
             "numerator": n.label if n else None,
             "denominator": d.label if d else None,
-            "source": "single run",
+            "source": source,
         }
     return out
 
@@ -310,6 +312,8 @@ def _ratio_line(name: str, r: dict[str, Any]) -> str:
         return line
     if r["value"] is None:
         return f"{line} ({r['source']})"
+    if "min" not in r:  # a ratio of medians (--rounds): the section's heading says so
+        return line
     line += f" ({r['source']}, min {_f(r['min'], digits=3)}, max {_f(r['max'], digits=3)}"
     if r.get("cpu_ratio") is not None:
         line += f"; CPU ratio {_f(r['cpu_ratio'], digits=3)}"
@@ -630,8 +634,10 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         if not any(m.schema == schema for m in main + over_rows):
             continue
         if mysql:
-            data["ratios"][schema] = mysql_ratios(main, schema)
-            out += [f"Ratios of ops/s ({schema} schema; single runs):", ""]
+            source = "single run" if rounds == 1 else f"ratio of medians of {rounds} rounds"
+            data["ratios"][schema] = mysql_ratios(main, schema, source)
+            runs = "single runs" if rounds == 1 else f"medians of {rounds} rounds"
+            out += [f"Ratios of ops/s ({schema} schema; {runs}):", ""]
             out += [_ratio_line(name, r) for name, r in data["ratios"][schema].items()]
             out.append("")
             continue
