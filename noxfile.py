@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 import nox
 
@@ -11,10 +13,28 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["tests", "lint", "mypy", "docs"]
 
 
+def _mysqlclient_builds() -> bool:
+    """Whether mysqlclient can build here: pkg-config finds a MySQL or MariaDB client library."""
+    pkg_config = shutil.which("pkg-config")
+    return pkg_config is not None and any(
+        subprocess.run([pkg_config, "--exists", library], check=False).returncode == 0
+        for library in ("mysqlclient", "libmariadb")
+    )
+
+
+def _install_mysqlclient(session: nox.Session) -> None:
+    """mysqlclient (MySQLdb) where it builds: tests/test_mysqldb.py and the threads-mysqldb row need it."""
+    if _mysqlclient_builds():
+        session.install("mysqlclient>=2.2")
+    else:
+        session.log("mysqlclient cannot build here (no libmariadb-dev or pkg-config): its tests will skip")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite on the real PostgreSQL (or an embedded one) and SQLite, with coverage."""
     session.install("-e", ".[test]")
+    _install_mysqlclient(session)
     session.run("coverage", "run", "-m", "pytest", *session.posargs, env={"COVERAGE_FILE": ".coverage"})
     session.run("coverage", "report")
 
@@ -47,6 +67,7 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Run the benchmark suite (the project's main job); pass options after `--`."""
     session.install("-e", ".[bench]")
+    _install_mysqlclient(session)
     if not os.path.exists("benchmarks/__main__.py"):
         session.log("The benchmark suite lands with the benchmarks issue; nothing to run yet.")
         return

@@ -5,12 +5,17 @@ The default suite (N=5,000) took about 8 minutes on 2 cores; ``--n 35000`` is th
 reproduction (and then ``memory`` streams 1,000,000 units): about 35 minutes on 2 cores, and about
 45 with ``--index --sweep-n 3500``.  Those times predate the ``overhead`` scenario's four pairs and
 5 rounds: on its own it now takes about 2 minutes a round per schema at N >= 3,000 (10 runs of 3,000 ops).
+
+``--database mysql`` runs the post's workload on MySQL/MariaDB instead (the scenarios in
+:data:`MYSQL_SCENARIOS`, among them ``post-002``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
+import json
 import os
 import platform
 import subprocess
@@ -27,10 +32,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import (
     _charts,
+    _db_mysql,
     _report,
     _report_auto,
     _report_fleet,
     _report_mixed,
+    _report_post002,
     async_unbounded,
     auto_limit,
     chunked,
@@ -43,6 +50,7 @@ from . import (
     memory,
     mixed,
     overhead,
+    post002,
     post004,
     raw_asyncpg,
     semaphore,
@@ -50,6 +58,7 @@ from . import (
     threads,
 )
 from ._db import Database, resolve
+from ._db_mysql import MySQLDatabase
 from ._harness import Context, Measurement
 from ._workload import make_ops
 
@@ -58,8 +67,10 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "async-unbounded": async_unbounded.run,
     "chunked": chunked.run,
     "semaphore": semaphore.run,
+    "semaphore-asyncmy": semaphore.run_asyncmy,
     "threads": threads.run,
     "threads-psycopg2": threads.run_psycopg2,
+    "threads-mysqldb": threads.run_mysqldb,
     "gevent": gevent_pool.run,
     "hand-rolled": hand_rolled.run,
     "raw-asyncpg": raw_asyncpg.run,
@@ -71,16 +82,32 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "fleet": fleet.run,
     "loop-lag": loop_lag.run,
     "post-004": post004.run,
+    "post-002": post002.run,
     "memory": memory.run,
 }
+#: What ``--database mysql`` runs (on aiomysql, asyncmy, pymysql, mysqlclient), and only there.
+MYSQL_SCENARIOS = (
+    "sync",
+    "chunked",
+    "semaphore",
+    "semaphore-asyncmy",
+    "threads",
+    "threads-mysqldb",
+    "hand-rolled",
+    "post-002",
+)
+#: Scenarios of MySQL drivers, which the PostgreSQL suite does not run.
+MYSQL_ONLY = ("semaphore-asyncmy", "threads-mysqldb", "post-002")
 #: Scenarios that run the op sequence once and give a row of the throughput table.
 THROUGHPUT = (
     "sync",
     "async-unbounded",
     "chunked",
     "semaphore",
+    "semaphore-asyncmy",
     "threads",
     "threads-psycopg2",
+    "threads-mysqldb",
     "gevent",
     "hand-rolled",
     "raw-asyncpg",
@@ -90,7 +117,7 @@ INDEX_PASS = (*THROUGHPUT, "overhead", "instructions", "limit-sweep", "auto-limi
 PACKAGES = (
     "boundeddb", "sqlalchemy", "asyncpg", "psycopg", "psycopg-binary", "psycopg2-binary", "greenlet",
     "anyio", "aiometer", "starlette", "uvicorn", "httpx", "pgserver", "matplotlib", "rich", "psutil",
-    "gevent", "psycogreen",
+    "gevent", "psycogreen", "aiomysql", "asyncmy", "pymysql", "mysqlclient",
 )  # fmt: skip
 RESULTS = Path(__file__).with_name("results")
 #: Default DB requests per loop-lag variant: N/2, at most this (the scenario has 15 variants).
@@ -150,6 +177,33 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="pair the instructions scenario counts (repeatable; default: all; ~10 min per pair and schema)",
     )
     p.add_argument("--embedded", action="store_true", help="use an embedded pgserver even if one answers")
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="DIR",
+        help="run nothing: write DIR's report.md and charts again from DIR/results.json",
+    )
+    p.add_argument(
+        "--database",
+        choices=("postgresql", "mysql"),
+        default="postgresql",
+        help="run on PostgreSQL (default) or on MySQL/MariaDB ($BOUNDEDDB_BENCH_MYSQL_URL, "
+        f"default {_db_mysql.DEFAULT_URL}): the throughput scenarios and post-002",
+    )
+    p.add_argument(
+        "--post-002-rounds",
+        type=int,
+        default=post002.DEFAULT_ROUNDS,
+        metavar="K",
+        help=f"rounds of the post-002 scenario, order alternating (default {post002.DEFAULT_ROUNDS})",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run the throughput scenarios K times, order alternating; the report gives medians (default 1)",
+    )
     args = p.parse_args(argv)
     n = args.n or (1_000 if args.quick else 5_000)
     args.n = n
@@ -157,13 +211,32 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     default_memory = 1_000_000 if n >= 35_000 else (5_000 if args.quick else 50_000)
     args.memory_units = args.memory_units or default_memory
     args.loop_lag_requests = args.loop_lag_requests or max(200, min(n // 2, LOOP_LAG_REQUESTS_CAP))
-    args.scenario = args.scenario or list(SCENARIOS)
-    if args.limit < 1 or n < 2 or args.overhead_rounds < 1 or args.auto_rounds < 1:
-        p.error("--limit, --overhead-rounds and --auto-rounds must be >= 1 and --n >= 2")
+    if args.database == "mysql":
+        args.scenario = args.scenario or list(MYSQL_SCENARIOS)
+        if elsewhere := [name for name in args.scenario if name not in MYSQL_SCENARIOS]:
+            p.error(
+                f"--database mysql runs {', '.join(MYSQL_SCENARIOS)}; not {', '.join(elsewhere)} "
+                "(PostgreSQL only: drop --database mysql)"
+            )
+        if args.embedded:
+            p.error("--embedded starts a PostgreSQL: it does not go with --database mysql")
+    else:
+        args.scenario = args.scenario or [name for name in SCENARIOS if name not in MYSQL_ONLY]
+        if mysql_only := [name for name in args.scenario if name in MYSQL_ONLY]:
+            p.error(f"{', '.join(mysql_only)} run(s) on MySQL/MariaDB: add --database mysql")
+    if (
+        args.limit < 1
+        or n < 2
+        or args.overhead_rounds < 1
+        or args.auto_rounds < 1
+        or args.post_002_rounds < 1
+        or args.rounds < 1
+    ):
+        p.error("--limit, --rounds and each scenario's rounds must be >= 1, and --n >= 2")
     return args
 
 
-def environment(args: argparse.Namespace, db: Database) -> dict[str, Any]:
+def environment(args: argparse.Namespace, db: Database | MySQLDatabase) -> dict[str, Any]:
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
@@ -190,10 +263,13 @@ def environment(args: argparse.Namespace, db: Database) -> dict[str, Any]:
         "versions": versions,
         "git_commit": commit or None,
         "database": db.shown,
+        "database_kind": db.kind,
+        "server_product": db.product,
         "database_source": db.source,
         "server_version": db.server_version,
         "max_connections": db.max_connections,
         "server_local": db.local,
+        "server_settings": getattr(db, "settings", {}),
         "n": args.n,
         "seed": args.seed,
         "limit": args.limit,
@@ -202,6 +278,8 @@ def environment(args: argparse.Namespace, db: Database) -> dict[str, Any]:
         "loop_lag_requests": args.loop_lag_requests,
         "overhead_rounds": args.overhead_rounds,
         "auto_rounds": args.auto_rounds,
+        "post_002_rounds": args.post_002_rounds,
+        "rounds": args.rounds,
         "overhead_n": min(args.n, overhead.MAX_OPS),
         "index": args.index,
         "scenarios": args.scenario,
@@ -220,38 +298,68 @@ def progress_bars() -> Iterator[Progress | None]:
         yield progress
 
 
-def run_suite(ctx: Context, names: list[str], *, index: bool) -> None:
+def run_suite(ctx: Context, names: list[str], *, index: bool, rounds: int = 1) -> None:
     """
     Run the scenarios in a fixed order, ``memory`` first: memory that other scenarios freed but
     the allocator kept would otherwise hide the RSS growth it measures.
+
+    With ``rounds`` above 1 the throughput scenarios of each pass run again in rounds 2 to
+    ``rounds``, in the reverse order in even rounds (each of their measurements records its round
+    and order; the report gives each row's median); the other scenarios run once, in round 1.
     """
     names = sorted(set(names), key=lambda name: (name != "memory", list(SCENARIOS).index(name)))
     passes = [False, True] if index else [False]
     for use_index in passes:
         ctx.index = use_index
-        for name in names:
-            if ctx.index and name not in INDEX_PASS:
-                continue
-            before = len(ctx.results)
-            started = time.perf_counter()
-            try:
-                SCENARIOS[name](ctx)
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                ctx.results.append(Measurement(scenario=name, label=name, schema=ctx.schema, error=error))
-                ctx.log(f"{name}: FAILED: {error}")
-            took = time.perf_counter() - started
-            for m in ctx.results[before:]:
-                if not m.error:
-                    ctx.log(f"done: {m.label:<40} {m.wall_s or 0:8.1f} s {m.ops_per_s or 0:8.0f} ops/s")
-            if ctx.progress is None:
-                print(f"[{name}{' [index]' if ctx.index else ''}: {took:.1f} s]", file=sys.stderr, flush=True)
+        for round_no in range(1, rounds + 1):
+            todo = [name for name in names if not (ctx.index and name not in INDEX_PASS)]
+            if round_no > 1:
+                todo = [name for name in todo if name in THROUGHPUT]
+            order = "forward" if round_no % 2 else "reverse"
+            if order == "reverse":
+                todo.reverse()
+            if rounds > 1:
+                ctx.log(
+                    f"round {round_no}/{rounds} ({order}){' [index]' if ctx.index else ''}: {', '.join(todo)}"
+                )
+            run_scenarios(ctx, todo, round_no=round_no if rounds > 1 else None, order=order)
+
+
+def run_scenarios(ctx: Context, names: list[str], *, round_no: int | None, order: str) -> None:
+    """Run ``names`` one after the other; a failing scenario becomes an error row, never an exception."""
+    for name in names:
+        before = len(ctx.results)
+        started = time.perf_counter()
+        try:
+            SCENARIOS[name](ctx)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            ctx.results.append(Measurement(scenario=name, label=name, schema=ctx.schema, error=error))
+            ctx.log(f"{name}: FAILED: {error}")
+        took = time.perf_counter() - started
+        for m in ctx.results[before:]:
+            if round_no is not None and name in THROUGHPUT:
+                m.config.update(round=round_no, order=order)
+            if not m.error:
+                ctx.log(f"done: {m.label:<40} {m.wall_s or 0:8.1f} s {m.ops_per_s or 0:8.0f} ops/s")
+        if ctx.progress is None:
+            print(f"[{name}{' [index]' if ctx.index else ''}: {took:.1f} s]", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    db = resolve(embedded=args.embedded)
-    print(f"Database: {db.shown} ({db.source}), PostgreSQL {db.server_version}", file=sys.stderr)
+    if args.render:
+        return render_again(args.render)
+    db: Database | MySQLDatabase
+    if args.database == "mysql":
+        try:
+            db = _db_mysql.resolve()
+        except _db_mysql.ServerUnavailable as exc:
+            print(f"python -m benchmarks --database mysql: {exc}", file=sys.stderr)
+            return 2
+    else:
+        db = resolve(embedded=args.embedded)
+    print(f"Database: {db.shown} ({db.source}), {db.product} {db.server_version}", file=sys.stderr)
     out = args.out or RESULTS / f"{dt.datetime.now():%Y%m%d-%H%M%S}-n{args.n}"
     out.mkdir(parents=True, exist_ok=True)
     env = environment(args, db)
@@ -267,11 +375,12 @@ def main(argv: list[str] | None = None) -> int:
             loop_lag_requests=args.loop_lag_requests,
             overhead_rounds=args.overhead_rounds,
             auto_rounds=args.auto_rounds,
+            post_002_rounds=args.post_002_rounds,
             instructions_pairs=tuple(args.instructions_pair or overhead.PAIRS),
             progress=progress,
         )
         try:
-            run_suite(ctx, args.scenario, index=args.index)
+            run_suite(ctx, args.scenario, index=args.index, rounds=args.rounds)
         finally:
             try:
                 db.drop_schema()
@@ -280,20 +389,42 @@ def main(argv: list[str] | None = None) -> int:
     env["suite_wall_s"] = round(time.perf_counter() - started, 1)
     env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     _report.write_json(out / "results.json", env, ctx.results, {})  # kept should the report fail
-    text, data = _report.render(env, ctx.results)
+    write_report(out, env, ctx.results)
+    return 0
+
+
+def write_report(out: Path, env: dict[str, Any], results: list[Measurement]) -> None:
+    """The report, the charts and the JSON of a run, from its environment and measurements."""
+    text, data = _report.render(env, results)
+    source = "information_schema.processlist" if env.get("database_kind") == "mysql" else "pg_stat_activity"
     charts = [
-        _charts.connections(out / "connections.png", [m for m in ctx.results if m.group == "main"]),
-        _charts.sweep(out / "limit_sweep.png", [m for m in ctx.results if m.group == "sweep"]),
-        _charts.loop_lag(out / "loop_lag.png", [m for m in ctx.results if m.group == "loop-lag"]),
-        _report_auto.chart(out / "auto_limit.png", [m for m in ctx.results if m.group == "auto"]),
-        _report_mixed.chart(out / "mixed.png", [m for m in ctx.results if m.group == mixed.GROUP]),
-        _report_fleet.chart(out / "fleet.png", [m for m in ctx.results if m.group == fleet.GROUP]),
+        _charts.connections(
+            out / "connections.png",
+            [m for m in results if m.group == "main" and m.config.get("round", 1) == 1],
+            source=source,
+        ),
+        _charts.sweep(out / "limit_sweep.png", [m for m in results if m.group == "sweep"]),
+        _charts.loop_lag(out / "loop_lag.png", [m for m in results if m.group == "loop-lag"]),
+        _report_auto.chart(out / "auto_limit.png", [m for m in results if m.group == "auto"]),
+        _report_mixed.chart(out / "mixed.png", [m for m in results if m.group == mixed.GROUP]),
+        _report_fleet.chart(out / "fleet.png", [m for m in results if m.group == fleet.GROUP]),
+        _report_post002.chart(out / "post002.png", [m for m in results if m.group == post002.GROUP]),
     ]
     (out / "report.md").write_text(text)
-    _report.write_json(out / "results.json", env, ctx.results, data)
+    _report.write_json(out / "results.json", env, results, data)
     print(text)
     written = ["report.md", "results.json", *(p.name for p in charts if p is not None)]
     print(f"Suite took {env['suite_wall_s']} s. Wrote {', '.join(written)} to {out}")
+
+
+def render_again(directory: Path) -> int:
+    """``--render DIR``: write DIR's report and charts again from its results.json (no database needed)."""
+    doc = json.loads((directory / "results.json").read_text())
+    fields = {f.name for f in dataclasses.fields(Measurement)}
+    results = [Measurement(**{k: v for k, v in row.items() if k in fields}) for row in doc["results"]]
+    for m in results:  # JSON made the (seconds, connections) pairs lists
+        m.connections = [(float(t), int(c)) for t, c in m.connections]
+    write_report(directory, doc["environment"], results)
     return 0
 
 

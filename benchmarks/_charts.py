@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from ._harness import Measurement
 
 
-def connections(path: Path, rows: list[Measurement]) -> Path | None:
+def connections(path: Path, rows: list[Measurement], *, source: str = "pg_stat_activity") -> Path | None:
     """Connections over time per scenario: the post's DBeaver graph, all runs on one chart."""
     rows = [m for m in rows if m.connections]
     if not rows:
@@ -24,7 +24,7 @@ def connections(path: Path, rows: list[Measurement]) -> Path | None:
         c = [c for _, c in m.connections]
         ax.step(t, c, where="post", label=m.label, linestyle="--" if m.schema == "index" else "-")
     ax.set_xlabel("seconds since the scenario started")
-    ax.set_ylabel("server connections (pg_stat_activity, every 100 ms)")
+    ax.set_ylabel(f"server connections ({source}, every 100 ms)")
     ax.set_title("Connections over time per scenario")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")

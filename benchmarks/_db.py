@@ -1,4 +1,9 @@
-"""Which database to use, engines that label their connections, and the schema reset."""
+"""
+Which PostgreSQL to use, engines that label their connections, and the schema reset.
+
+``--database mysql`` uses :class:`benchmarks._db_mysql.MySQLDatabase` instead, which offers the same
+attributes and methods (the ones the throughput scenarios and the harness's sampler call).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from sqlalchemy.pool import NullPool
 
 from boundeddb.testing import postgres
 
+from ._proc import proc_cpu_s
 from ._workload import SCHEMA, Base
 
 ENV_VAR = "BOUNDEDDB_BENCH_URL"
@@ -34,6 +40,15 @@ class Database:
     server_version: str = ""
     max_connections: int = 0
     local: bool = True
+    #: What ``--database`` names, and what the report calls the server.
+    kind = "postgresql"
+    product = "PostgreSQL"
+    #: The drivers of the post's scenarios: async runners, thread runners, the sync story.
+    async_driver = "asyncpg"
+    thread_driver = "psycopg"
+    sync_driver = "psycopg2"
+    #: Where the sampler counts a scenario's connections.
+    activity_source = "pg_stat_activity"
 
     @property
     def shown(self) -> str:
@@ -54,8 +69,12 @@ class Database:
             self.libpq_dsn(), autocommit=True, application_name=app_name, connect_timeout=5
         )
 
-    def async_engine(self, app_name: str, *, pool_size: int, **kw: Any) -> AsyncEngine:
+    def async_engine(
+        self, app_name: str, *, pool_size: int, driver: str | None = None, **kw: Any
+    ) -> AsyncEngine:
         """An asyncpg engine whose connections carry ``app_name``."""
+        if driver not in (None, self.async_driver):
+            raise ValueError(f"the PostgreSQL scenarios run async units on asyncpg, not {driver}")
         kw.setdefault("max_overflow", 0)
         kw.setdefault("pool_timeout", 60)
         return create_async_engine(
@@ -75,6 +94,19 @@ class Database:
             connect_args={"application_name": app_name},
             **kw,
         )
+
+    def backends(self, conn: psycopg.Connection[Any], app_name: str) -> list[int]:
+        """The process ids of the server connections whose application_name is ``app_name``."""
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app_name,))
+        return [int(pid) for (pid,) in rows.fetchall()]
+
+    def backend_cpu_s(self, ident: int) -> float | None:
+        """The CPU time of one backend process so far (utime + stime from /proc)."""
+        return proc_cpu_s(ident)
+
+    def cpu_baseline(self) -> dict[int, float]:
+        """CPU time already spent by processes a scenario may reuse: none (a backend per connection)."""
+        return {}
 
     def free_connections(self) -> int:
         """How many more connections the server accepts now, less some headroom."""

@@ -1,10 +1,11 @@
 """
-Measuring one scenario: wall and CPU time, an independent pg_stat_activity sampler, loop lag.
+Measuring one scenario: wall and CPU time, an independent connection sampler, loop lag.
 
 A :class:`Probe` wraps the timed part of a scenario (``with`` for sync code, ``async with``
 where an event loop runs, which also starts a loop-lag ticker).  While it is open a
 :class:`Sampler` thread on its own connection counts, every 100 ms, the server connections
-whose application_name is the scenario's, reads the CPU time of those backends from /proc,
+whose application_name is the scenario's (on MySQL/MariaDB: those on the suite's database), reads
+the CPU time of those backends (MariaDB: of their server threads) from /proc,
 samples this process's RSS, and moves the progress bar.  On exit the probe appends one
 :class:`Measurement` to the context, or one that records the error, so a failing scenario never
 stops the suite.
@@ -29,13 +30,13 @@ from typing import Any
 from rich.progress import Progress, TaskID
 
 from ._db import APP_PREFIX, Database
+from ._db_mysql import MySQLDatabase
+from ._proc import self_rss
 from ._workload import Op
 
 SAMPLE_INTERVAL_S = 0.1
 #: The loop-lag ticker's period; the same 5 ms timer boundeddb's RunStats uses.
 TICK_INTERVAL_S = 0.005
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -61,22 +62,6 @@ class Reservoir:
             slot = self._rng.randrange(self.seen)
             if slot < self.size:
                 self.values[slot] = value
-
-
-def proc_cpu_s(pid: int) -> float | None:
-    """utime + stime of a process from /proc, None if it is not visible here."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-
-
-def self_rss() -> int:
-    """This process's resident set size in bytes."""
-    with open("/proc/self/statm", "rb") as f:
-        return int(f.read().split()[1]) * _PAGE
 
 
 @dataclass
@@ -111,7 +96,7 @@ class Measurement:
 class Context:
     """What every scenario gets: the database, the op sequence, settings, and the results."""
 
-    db: Database
+    db: Database | MySQLDatabase
     ops: list[Op]
     seed: int
     limit: int
@@ -121,6 +106,8 @@ class Context:
     overhead_rounds: int = 5
     #: Rounds of the auto-limit scenario's comparisons.
     auto_rounds: int = 3
+    #: Rounds of the post-002 scenario.
+    post_002_rounds: int = 10
     #: The overhead pairs the instructions scenario counts.
     instructions_pairs: tuple[str, ...] = ()
     progress: Progress | None = None
@@ -150,12 +137,19 @@ class Context:
 
 
 class Sampler(threading.Thread):
-    """Counts a scenario's server connections every 100 ms on a connection of its own."""
+    """
+    Counts a scenario's server connections every 100 ms on a connection of its own (PostgreSQL:
+    pg_stat_activity by application_name; MySQL/MariaDB: processlist by database), and the CPU time
+    of their backend processes (or server threads).
+    """
 
     def __init__(self, ctx: Context, app_name: str, probe: Probe) -> None:
         super().__init__(name=f"sampler-{app_name}", daemon=True)
+        self._db = ctx.db
         self._conn = ctx.db.connect()
         self._app, self._probe, self._local = app_name, probe, ctx.db.local
+        if self._local:
+            ctx.db.cpu_baseline()
         self._stop_event = threading.Event()
         self._t0 = time.perf_counter()
         self.series: list[tuple[float, int]] = []
@@ -164,15 +158,13 @@ class Sampler(threading.Thread):
         self.error: str | None = None
 
     def sample(self) -> None:
-        rows = self._conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self._app,)
-        ).fetchall()
-        self.series.append((time.perf_counter() - self._t0, len(rows)))
+        backends = self._db.backends(self._conn, self._app)
+        self.series.append((time.perf_counter() - self._t0, len(backends)))
         if self._local:
-            for (pid,) in rows:
-                cpu = proc_cpu_s(pid)
+            for ident in backends:
+                cpu = self._db.backend_cpu_s(ident)
                 if cpu is not None:
-                    self.backend_cpu[pid] = max(cpu, self.backend_cpu.get(pid, 0.0))
+                    self.backend_cpu[ident] = max(cpu, self.backend_cpu.get(ident, 0.0))
         self.rss_peak = max(self.rss_peak, self_rss())
         self._probe.show_progress()
 

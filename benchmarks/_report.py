@@ -8,7 +8,19 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from . import _report_auto, _report_fleet, _report_mixed, fleet, instructions, mixed, overhead, post004
+from . import (
+    _report_auto,
+    _report_fleet,
+    _report_mixed,
+    _report_post002,
+    fleet,
+    instructions,
+    mixed,
+    overhead,
+    post002,
+    post004,
+)
+from ._figures import median_of
 from ._harness import Measurement
 from ._report_loop import INLINE, best_boundeddb, loop_table, ping_paragraph
 
@@ -20,8 +32,19 @@ PREVIOUS_35K = {
     "async sliding window (L=10-40)": "82-100 s",
     "psycopg2 threads": "52-61 s",
 }
-RUNNERS = ("semaphore", "threads", "threads-psycopg2")
+RUNNERS = ("semaphore", "threads", "threads-psycopg2", "semaphore-asyncmy", "threads-mysqldb")
 ORM_RUNNERS = (*RUNNERS, "chunked")
+#: The MySQL/MariaDB pass's ratios: each runner against its hand-written twin, and driver against driver.
+MYSQL_PAIRS = (
+    ("semaphore", "hand-window", "semaphore / hand-written window"),
+    ("semaphore", "hand-rolled", "semaphore / hand-rolled gather+Semaphore"),
+    ("chunked", "hand-chunks", "chunked-40 / hand-written chunks of 40"),
+    ("threads", "hand-rolled-threads", "threads / hand-rolled threads"),
+    ("semaphore-asyncmy", "semaphore", "semaphore on asyncmy / on aiomysql"),
+    ("threads-mysqldb", "threads", "threads on mysqlclient / on pymysql"),
+    ("threads", "semaphore", "threads / semaphore"),
+    ("semaphore", "sync", "semaphore / sync"),
+)
 
 
 def _f(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -32,8 +55,8 @@ def _row(cells: Iterable[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    align = ["---"] + ["---:"] * (len(header) - 2) + ["---"]
+def _table(header: list[str], rows: list[list[str]], *, text_columns: int = 1) -> list[str]:
+    align = ["---"] * text_columns + ["---:"] * (len(header) - 1 - text_columns) + ["---"]
     return [_row(header), _row(align), *(_row(r) for r in rows)]
 
 
@@ -43,11 +66,14 @@ def _status(m: Measurement) -> str:
     return f"{m.failed} failed" if m.failed else ""
 
 
-def main_table(rows: list[Measurement]) -> list[str]:
+def main_table(rows: list[Measurement], *, driver_column: bool = False) -> list[str]:
+    rounds = any("ops_per_s_range" in m.extra for m in rows)
     header = [
         "scenario",
+        *(["driver"] if driver_column else []),
         "time, s",
         "ops/s",
+        *(["ops/s min-max", "rounds"] if rounds else []),
         "p50, ms",
         "p99, ms",
         "peak conns",
@@ -59,8 +85,10 @@ def main_table(rows: list[Measurement]) -> list[str]:
     body = [
         [
             m.label,
+            *([str(m.config.get("driver", "-"))] if driver_column else []),
             _f(m.wall_s),
             _f(m.ops_per_s, digits=0),
+            *([_range_of(m), str(m.extra.get("rounds", 1))] if rounds else []),
             _f(m.p50_s, 1e3),
             _f(m.p99_s, 1e3),
             str(m.peak_connections) if m.peak_connections is not None else "-",
@@ -71,7 +99,93 @@ def main_table(rows: list[Measurement]) -> list[str]:
         ]
         for m in rows
     ]
-    return _table(header, body)
+    return _table(header, body, text_columns=2 if driver_column else 1)
+
+
+def _range_of(m: Measurement) -> str:
+    low_high = m.extra.get("ops_per_s_range")
+    return f"{low_high[0]:,.0f}-{low_high[1]:,.0f}" if low_high else "-"
+
+
+def median_rows(rows: list[Measurement]) -> list[Measurement]:
+    """
+    One row per label for a run with ``--rounds`` above 1: the median of each figure over the rounds
+    that ran without error, the round count and the ops/s range in ``extra``; rows of one round pass.
+    """
+    by_label: dict[str, list[Measurement]] = {}
+    for m in rows:
+        by_label.setdefault(m.label, []).append(m)
+    out = []
+    for label, ms in by_label.items():
+        ok = [m for m in ms if not m.error and m.ops_per_s]
+        if len(ms) == 1 or not ok:
+            out.append(ms[0])
+            continue
+
+        def med(attr: str, ok: list[Measurement] = ok) -> float | None:
+            return median_of([getattr(m, attr) for m in ok])
+
+        first = ok[0]
+        out.append(
+            dataclasses.replace(
+                first,
+                label=label,
+                wall_s=med("wall_s"),
+                ops_per_s=med("ops_per_s"),
+                p50_s=med("p50_s"),
+                p99_s=med("p99_s"),
+                max_s=max((m.max_s or 0.0) for m in ok),
+                peak_connections=max((m.peak_connections or 0) for m in ok),
+                client_cpu_s=med("client_cpu_s"),
+                server_cpu_s=med("server_cpu_s"),
+                loop_lag_p99_s=med("loop_lag_p99_s"),
+                failed=sum(m.failed for m in ms),
+                config={k: v for k, v in first.config.items() if k not in ("round", "order")},
+                extra={
+                    **first.extra,
+                    "rounds": len(ok),
+                    "rounds_failed": len(ms) - len(ok),
+                    "ops_per_s_range": [
+                        min(m.ops_per_s or 0.0 for m in ok),
+                        max(m.ops_per_s or 0.0 for m in ok),
+                    ],
+                    "ops_per_s_rounds": [round(m.ops_per_s or 0.0, 1) for m in ok],
+                },
+                error=None,
+            )
+        )
+    return out
+
+
+def _pick_label(rows: list[Measurement], prefix: str, schema: str) -> Measurement | None:
+    return _ok(next((m for m in rows if m.label.startswith(prefix) and m.schema == schema), None))
+
+
+def mysql_ratios(
+    main: list[Measurement], schema: str, source: str = "single run"
+) -> dict[str, dict[str, Any]]:
+    """The MySQL/MariaDB pass's within-run ratios of ops/s (of single runs, or of medians: see render)."""
+    out: dict[str, dict[str, Any]] = {}
+    best, chunks = _best(main, RUNNERS, schema), _pick(main, "chunked", schema)
+    pairs = [("best runner / chunked", best, chunks)]
+    for num, den, name in MYSQL_PAIRS:
+        by_label = den in ("hand-window", "hand-chunks")
+        pairs.append(
+            (
+                name,
+                _pick(main, num, schema),
+                _pick_label(main, den, schema) if by_label else _pick(main, den, schema),
+            )
+        )
+    for name, n, d in pairs:
+        value = n.ops_per_s / d.ops_per_s if n and d and n.ops_per_s and d.ops_per_s else None
+        out[name] = {
+            "value": value,
+            "numerator": n.label if n else None,
+            "denominator": d.label if d else None,
+            "source": source,
+        }
+    return out
 
 
 def _sweep_key(m: Measurement) -> tuple[str, str, int]:
@@ -198,6 +312,8 @@ def _ratio_line(name: str, r: dict[str, Any]) -> str:
         return line
     if r["value"] is None:
         return f"{line} ({r['source']})"
+    if "min" not in r:  # a ratio of medians (--rounds): the section's heading says so
+        return line
     line += f" ({r['source']}, min {_f(r['min'], digits=3)}, max {_f(r['max'], digits=3)}"
     if r.get("cpu_ratio") is not None:
         line += f"; CPU ratio {_f(r['cpu_ratio'], digits=3)}"
@@ -354,14 +470,38 @@ def targets(
     return out
 
 
-def _cpu_note(main: list[Measurement], schema: str) -> tuple[float, float] | None:
+def mysql_throughput(main: list[Measurement]) -> list[str]:
+    """The throughput section of a ``--database mysql`` run: the table with each row's driver, and notes."""
+    out = ["## Throughput (MySQL/MariaDB)", "", *main_table(main, driver_column=True), ""]
+    out += [f"- {m.label}: {m.extra['note']}" for m in main if m.extra.get("note")]
+    out += [""] if any(m.extra.get("note") for m in main) else []
+    return [
+        *out,
+        "Latency is per unit, from opening its session to closing it.  Peak connections are sampled "
+        "from information_schema.processlist every 100 ms on a separate connection (the scenario's "
+        "connections are those on the suite's database, boundeddb_bench).  Client CPU is this process's; "
+        "server CPU is utime+stime of the server threads (processlist TID) of the scenario's connections, "
+        "read from /proc/<mariadbd>/task, less what each thread had spent before the scenario.",
+        "",
+        "Schemas on InnoDB: a foreign key needs an index, and InnoDB makes one on b.a_id by itself; the "
+        "faithful pass drops the constraint and that index (so that a read scans b, as on PostgreSQL), the "
+        "index pass keeps the post's tables as InnoDB creates them.",
+        "",
+        "Where the time goes:",
+        "",
+        *schema_note(main, backends="the server threads of the scenarios' connections"),
+        "",
+    ]
+
+
+def _cpu_note(main: list[Measurement], schema: str) -> tuple[float, float] | None:  # (client, server)
     rows = [m for m in main if m.schema == schema and not m.error and m.server_cpu_s is not None]
     if not rows:
         return None
     return sum(m.client_cpu_s or 0.0 for m in rows), sum(m.server_cpu_s or 0.0 for m in rows)
 
 
-def schema_note(main: list[Measurement]) -> list[str]:
+def schema_note(main: list[Measurement], *, backends: str = "the database backends") -> list[str]:
     """Where the time goes, and what the index on b.a_id changes."""
     lines = []
     for schema in ("faithful", "index"):
@@ -372,16 +512,25 @@ def schema_note(main: list[Measurement]) -> list[str]:
         share = server / (client + server) if client + server else 0.0
         what = "the post's, no index on b.a_id" if schema == "faithful" else "with an index on b.a_id"
         lines.append(
-            f"- {schema} schema ({what}): the database backends used {server:.1f} CPU-s against "
+            f"- {schema} schema ({what}): {backends} used {server:.1f} CPU-s against "
             f"{client:.1f} CPU-s in this process ({share:.0%} server)."
         )
-    pairs = [
-        (m, next((x for x in main if x.scenario == m.scenario and x.schema == "index" and not x.error), None))
-        for m in main
-        if m.schema == "faithful" and not m.error
-    ]
+    faithful_rows = [m for m in main if m.schema == "faithful" and not m.error]
+    scenarios = [m.scenario for m in faithful_rows]
+
+    def twin(m: Measurement) -> Measurement | None:
+        """The row's index-pass twin: same scenario, or same label where a scenario has several rows."""
+        if scenarios.count(m.scenario) == 1:
+            return next(
+                (x for x in main if x.scenario == m.scenario and x.schema == "index" and not x.error), None
+            )
+        return next((x for x in main if x.label == f"{m.label} [index]" and not x.error), None)
+
+    pairs = [(m, twin(m)) for m in faithful_rows]
     speedups = [
-        (m.scenario, x.ops_per_s / m.ops_per_s) for m, x in pairs if x and x.ops_per_s and m.ops_per_s
+        (m.scenario if scenarios.count(m.scenario) == 1 else m.label, x.ops_per_s / m.ops_per_s)
+        for m, x in pairs
+        if x and x.ops_per_s and m.ops_per_s
     ]
     faithful = _cpu_note(main, "faithful")
     if faithful and sum(faithful) and faithful[1] / sum(faithful) >= 0.5:
@@ -409,23 +558,40 @@ def schema_note(main: list[Measurement]) -> list[str]:
 def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[str, Any]]:
     """The Markdown report and the data of ratios and targets."""
     main = [m for m in results if m.group == "main"]
+    rounds = max((int(m.config.get("round", 1)) for m in main), default=1)
+    if rounds > 1:
+        main = median_rows(main)
+    mysql = env.get("database_kind") == "mysql"
     out = [f"# boundeddb benchmark — N={env['n']:,}, seed {env['seed']}, L={env['limit']}", ""]
     out.append(
-        f"Database: {env['database']} ({env['database_source']}), PostgreSQL {env['server_version']}, "
+        f"Database: {env['database']} ({env['database_source']}), "
+        f"{env.get('server_product', 'PostgreSQL')} {env['server_version']}, "
     )
     out.append(
         f"max_connections={env['max_connections']}; {env['cpu_count']} CPUs; Python {env['python']}; "
         f"SQLAlchemy {env['versions'].get('sqlalchemy')}; boundeddb {env['versions'].get('boundeddb')}."
     )
+    if mysql and env.get("server_settings"):
+        out.append(
+            "Server settings: " + ", ".join(f"{k}={v}" for k, v in env["server_settings"].items()) + "."
+        )
     if env.get("loadavg_start"):
         out.append(
             f"Load average (1, 5, 15 min) at the start: {', '.join(map(str, env['loadavg_start']))}; "
             f"at the end: {', '.join(map(str, env.get('loadavg_end') or ['-']))} (the suite's own "
             f"processes included; above {env['cpu_count']} the machine was shared and figures are noisier)."
         )
+    if rounds > 1:
+        out.append(
+            f"The throughput scenarios ran {rounds} times each, forward in odd rounds and in reverse in even "
+            "ones: each row of the throughput table is the median of its rounds (ops/s: with its range), "
+            "and the ratios are ratios of those medians."
+        )
     out.append("")
     data: dict[str, Any] = {"ratios": {}, "targets": []}
-    if main:
+    if main and mysql:
+        out += mysql_throughput(main)
+    elif main:
         out += ["## Throughput", "", *main_table(main), ""]
         out += [f"- {m.label}: {m.extra['note']}" for m in main if m.extra.get("note")]
         out += [""] if any(m.extra.get("note") for m in main) else []
@@ -467,6 +633,14 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
     for schema in ("faithful", "index"):
         if not any(m.schema == schema for m in main + over_rows):
             continue
+        if mysql:
+            source = "single run" if rounds == 1 else f"ratio of medians of {rounds} rounds"
+            data["ratios"][schema] = mysql_ratios(main, schema, source)
+            runs = "single runs" if rounds == 1 else f"medians of {rounds} rounds"
+            out += [f"Ratios of ops/s ({schema} schema; {runs}):", ""]
+            out += [_ratio_line(name, r) for name, r in data["ratios"][schema].items()]
+            out.append("")
+            continue
         data["ratios"][schema] = ratios(main, schema, data.get("overhead", {}).get(schema))
         out += [f"Ratios of ops/s ({schema} schema):", ""]
         single = any(m.schema == schema for m in main)  # no throughput rows: no single-run lines
@@ -492,8 +666,21 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         out += ["## Loop lag under HTTP load", "", *loop_table(loop), "", *ping_paragraph(loop)]
     if p004 := [m for m in results if m.group == post004.GROUP]:
         out += post004.section(p004)
+    if p002 := [m for m in results if m.group == post002.GROUP]:
+        lines, data["post_002"] = _report_post002.section(p002)
+        out += lines
     if mem := [m for m in results if m.group == "memory"]:
         out += ["## Memory", "", *memory_table(mem), ""]
+    if mysql:  # the suite's other targets are the PostgreSQL suite's
+        r = (data["ratios"].get("faithful") or mysql_ratios(main, "faithful"))["best runner / chunked"][
+            "value"
+        ]
+        status = "n/a" if r is None else ("PASS" if r >= 1.3 else "MISS")
+        target = "fastest runner >= 1.3x chunked-40 ops/s (MySQL/MariaDB)"
+        data["targets"] = [{"target": target, "value": r, "status": status, "shown": f"{_f(r, digits=2)}x"}]
+        out += ["## Targets (reported, not asserted)", ""]
+        out += [f"- {t['status']}: {t['target']} — {t['shown']}" for t in data["targets"]]
+        return "\n".join(out) + "\n", data
     ratio = data["ratios"].get("faithful") or ratios(main, "faithful")
     data["targets"] = targets(results, ratio, data.get("overhead"))
     data["targets"] += instructions.targets(data.get("instructions", {}))

@@ -4,7 +4,8 @@ The post's workload: models A and B, the fixed-seed operation sequence, and one 
 Each op function does the post's work on a session it is given and leaves committing to its
 caller, because boundeddb's runners commit after a unit returns; hand-written scenarios commit
 themselves, so every scenario sends the same statements.
-Tables live in their own PostgreSQL schema so that the suite never touches anyone else's ``a``.
+Tables live in their own PostgreSQL schema (on MySQL/MariaDB, their own database: the same name)
+so that the suite never touches anyone else's ``a``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, selectinload
 
 SCHEMA = "boundeddb_bench"
+#: The post's ``Column(String)``: VARCHAR without a length on PostgreSQL; MySQL needs one.
+Text = String().with_variant(String(255), "mysql", "mariadb")
 
 
 class Base(DeclarativeBase):
@@ -31,7 +34,7 @@ class A(Base):
     __mapper_args__ = {"eager_defaults": True}  # noqa: RUF012
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    data: Mapped[str | None] = mapped_column(String)
+    data: Mapped[str | None] = mapped_column(Text)
     create_date: Mapped[datetime | None] = mapped_column(DateTime, server_default=func.now())
     bs: Mapped[list[B]] = relationship()
 
@@ -42,7 +45,7 @@ class B(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     # No index: the post's schema; ``--index`` adds one (see _db.reset_schema).
     a_id: Mapped[int | None] = mapped_column(ForeignKey(f"{SCHEMA}.a.id"))
-    data: Mapped[str | None] = mapped_column(String)
+    data: Mapped[str | None] = mapped_column(Text)
 
 
 READ_STMT = select(A).options(selectinload(A.bs)).limit(10)

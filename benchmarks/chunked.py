@@ -3,7 +3,8 @@
 
 Reproduces the post's chunked script (102 s there, the fastest of its three) with
 ``boundeddb.ChunkedRunner(chunk_size=40)``: 40 units start together and the next chunk waits
-for the slowest of them (a barrier), so connections sit idle at the end of every chunk.
+for the slowest of them (a barrier), so connections sit idle at the end of every chunk.  On
+asyncpg, or with ``--database mysql`` on aiomysql.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ async def measure(
     app = ctx.app_name(label)
     engine = ctx.db.async_engine(app, pool_size=chunk)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": "asyncpg", "chunk_size": chunk, "pool_size": chunk, "max_overflow": 0}
+    config = {"driver": ctx.db.async_driver, "chunk_size": chunk, "pool_size": chunk, "max_overflow": 0}
     try:
         async with (
             ChunkedRunner(sessions, chunk_size=chunk, errors="collect") as runner,

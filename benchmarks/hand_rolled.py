@@ -9,6 +9,11 @@ The ``hand-rolled`` scenario of the throughput table runs two of them on the who
 * ``hand-rolled-threads (L)``: ``concurrent.futures.ThreadPoolExecutor(L).map`` over the ops,
   each with its own ``Session`` (psycopg, as ``threads``), no event loop at all.
 
+With ``--database mysql`` (aiomysql and pymysql) it also runs the sliding window
+(:func:`measure_window`, ``SemaphoreRunner``'s exact equivalent) and the post's own chunks of 40
+(:func:`measure_chunks`, ``ChunkedRunner``'s), so that every runner of the MariaDB table has its
+hand-written twin beside it.
+
 The ``overhead`` scenario also uses the hand-written equivalent of each runner, and a peer library:
 
 * :func:`measure_window`: a sliding window, L worker coroutines pulling ops from one shared
@@ -39,11 +44,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from ._harness import Context, Probe
 from ._workload import Op, op_async, op_sync
 
-THREADS_DRIVER = "psycopg"
+#: The post's chunk size, for the hand-written chunks of the MySQL pass.
+CHUNK = 40
 
 
 def run(ctx: Context) -> None:
     asyncio.run(measure_async(ctx, ctx.limit, ctx.ops))
+    if ctx.db.kind == "mysql":
+        asyncio.run(measure_window(ctx, ctx.limit, ctx.ops))
+        asyncio.run(measure_chunks(ctx, CHUNK, ctx.ops, label=f"hand-chunks-{CHUNK}"))
     measure_threads(ctx, ctx.limit, ctx.ops)
 
 
@@ -55,7 +64,7 @@ def _async_setup(
     app = ctx.app_name(label)
     engine = ctx.db.async_engine(app, pool_size=limit)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": "asyncpg", "limit": limit, "pool_size": limit, "max_overflow": 0}
+    config = {"driver": ctx.db.async_driver, "limit": limit, "pool_size": limit, "max_overflow": 0}
     return app, engine, sessions, config
 
 
@@ -65,9 +74,9 @@ def _sync_setup(
     """Fresh tables, then the engine, sessionmaker and config of one thread measurement."""
     ctx.reset()
     app = ctx.app_name(label)
-    engine = ctx.db.sync_engine(app, pool_size=limit, driver=THREADS_DRIVER)
+    engine = ctx.db.sync_engine(app, pool_size=limit, driver=ctx.db.thread_driver)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": THREADS_DRIVER, "limit": limit, "pool_size": limit, "max_overflow": 0}
+    config = {"driver": ctx.db.thread_driver, "limit": limit, "pool_size": limit, "max_overflow": 0}
     return app, engine, sessions, config
 
 
@@ -90,7 +99,9 @@ async def measure_async(
 
     try:
         probe = Probe(ctx, "hand-rolled", label, total=len(ops), app_name=app, group=group, config=config)
-        probe.m.extra["note"] = "a task per op behind asyncio.Semaphore(L), AsyncSession, asyncpg"
+        probe.m.extra["note"] = (
+            f"a task per op behind asyncio.Semaphore(L), AsyncSession, {ctx.db.async_driver}"
+        )
         async with probe as p:
             tasks = [asyncio.create_task(one(sessions, op, p)) for op in ops]
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -125,7 +136,9 @@ async def measure_window(
 
     try:
         probe = Probe(ctx, "hand-rolled", label, total=len(ops), app_name=app, group=group, config=config)
-        probe.m.extra["note"] = "L worker coroutines pulling ops from one iterator, AsyncSession, asyncpg"
+        probe.m.extra["note"] = (
+            f"L worker coroutines pulling ops from one iterator, AsyncSession, {ctx.db.async_driver}"
+        )
         async with probe as p:
             todo = iter(ops)
             await asyncio.gather(*(worker(todo, p) for _ in range(limit)))
@@ -152,7 +165,9 @@ async def measure_chunks(
 
     try:
         probe = Probe(ctx, "hand-rolled", label, total=len(ops), app_name=app, group=group, config=config)
-        probe.m.extra["note"] = "asyncio.gather over each chunk of L ops, AsyncSession, asyncpg"
+        probe.m.extra["note"] = (
+            f"asyncio.gather over each chunk of L ops, AsyncSession, {ctx.db.async_driver}"
+        )
         async with probe as p:
             results: list[Any] = []
             for i in range(0, len(ops), limit):
@@ -173,7 +188,9 @@ async def measure_aiometer(
     label = label or f"aiometer (L={limit})"
     app, engine, sessions, config = _async_setup(ctx, limit, label)
     probe = Probe(ctx, "aiometer", label, total=len(ops), app_name=app, group=group, config=config)
-    probe.m.extra["note"] = "aiometer.run_on_each(fn, ops, max_at_once=L), AsyncSession, asyncpg"
+    probe.m.extra["note"] = (
+        f"aiometer.run_on_each(fn, ops, max_at_once=L), AsyncSession, {ctx.db.async_driver}"
+    )
     latencies: list[float] = []
     failed = 0
 
@@ -217,7 +234,9 @@ def measure_threads(
         probe = Probe(
             ctx, "hand-rolled-threads", label, total=len(ops), app_name=app, group=group, config=config
         )
-        probe.m.extra["note"] = f"ThreadPoolExecutor(L).map with a Session per op, {THREADS_DRIVER}, no loop"
+        probe.m.extra["note"] = (
+            f"ThreadPoolExecutor(L).map with a Session per op, {ctx.db.thread_driver}, no loop"
+        )
         with probe as p, ThreadPoolExecutor(limit, thread_name_prefix="hand-rolled") as pool:
             p.latencies = list(pool.map(_one_sync, [sessions] * len(ops), ops, [p] * len(ops)))
     finally:
@@ -235,7 +254,7 @@ async def measure_run_in_executor(
             ctx, "hand-rolled-threads", label, total=len(ops), app_name=app, group=group, config=config
         )
         probe.m.extra["note"] = (
-            f"asyncio.gather over loop.run_in_executor(ThreadPoolExecutor(L), ...), {THREADS_DRIVER}"
+            f"asyncio.gather over loop.run_in_executor(ThreadPoolExecutor(L), ...), {ctx.db.thread_driver}"
         )
         async with probe as p:
             loop = asyncio.get_running_loop()

@@ -2,7 +2,8 @@
 ``semaphore``: ``boundeddb.SemaphoreRunner(limit=L)``, a sliding window of L async units.
 
 The post's chunks of 40 leave connections idle while a chunk waits for its slowest unit; a
-sliding window starts the next unit as soon as any finishes, so L connections stay busy.
+sliding window starts the next unit as soon as any finishes, so L connections stay busy.  On
+asyncpg; with ``--database mysql`` on aiomysql (``semaphore``) and on asyncmy (``semaphore-asyncmy``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ def run(ctx: Context) -> None:
     asyncio.run(measure(ctx, ctx.limit, ctx.ops))
 
 
+def run_asyncmy(ctx: Context) -> None:
+    """The same on asyncmy (MySQL/MariaDB only)."""
+    label = f"semaphore-asyncmy (L={ctx.limit})"
+    asyncio.run(measure(ctx, ctx.limit, ctx.ops, label=label, driver="asyncmy", scenario="semaphore-asyncmy"))
+
+
 @contextlib.asynccontextmanager
 async def probed_runner(
     ctx: Context,
@@ -35,20 +42,24 @@ async def probed_runner(
     group: str,
     capacity: int | None = None,
     extra: dict[str, Any] | None = None,
+    driver: str | None = None,
+    scenario: str = "semaphore",
 ) -> AsyncIterator[tuple[SemaphoreRunner, Probe]]:
     """
-    A SemaphoreRunner of ``limit`` on an asyncpg pool of ``capacity`` connections (default: the
-    limit; ``limit="auto"`` needs it), under a Probe; the engine is disposed of afterwards.
+    A SemaphoreRunner of ``limit`` on a pool of ``capacity`` connections (default: the limit;
+    ``limit="auto"`` needs it) of ``driver`` (default: the database's async driver, asyncpg on
+    PostgreSQL), under a Probe; the engine is disposed of afterwards.
     """
     app = ctx.app_name(label)
     pool_size = capacity or int(limit)
-    engine = ctx.db.async_engine(app, pool_size=pool_size)
+    driver = driver or ctx.db.async_driver
+    engine = ctx.db.async_engine(app, pool_size=pool_size, driver=driver)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": "asyncpg", "limit": limit, "pool_size": pool_size, "max_overflow": 0, **(extra or {})}
+    config = {"driver": driver, "limit": limit, "pool_size": pool_size, "max_overflow": 0, **(extra or {})}
     try:
         async with (
             SemaphoreRunner(sessions, limit=limit, errors="collect") as runner,
-            Probe(ctx, "semaphore", label, total=total, app_name=app, group=group, config=config) as p,
+            Probe(ctx, scenario, label, total=total, app_name=app, group=group, config=config) as p,
         ):
             yield runner, p
     finally:
@@ -64,11 +75,16 @@ async def measure(
     label: str | None = None,
     capacity: int | None = None,
     extra: dict[str, Any] | None = None,
+    driver: str | None = None,
+    scenario: str = "semaphore",
 ) -> None:
     """Run ``ops`` through a SemaphoreRunner of ``limit`` on fresh tables (see :func:`probed_runner`)."""
     ctx.reset()
     label = label or f"semaphore (L={limit})"
-    cm = probed_runner(ctx, limit, label, total=len(ops), group=group, capacity=capacity, extra=extra)
+    cm = probed_runner(
+        ctx, limit, label, total=len(ops), group=group, capacity=capacity, extra=extra, driver=driver,
+        scenario=scenario,
+    )  # fmt: skip
     async with cm as (runner, p):
         units = [async_unit(op, p.tick) for op in ops]
         record(p, await runner.run(units))

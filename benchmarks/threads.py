@@ -4,9 +4,10 @@
 Mike Bayer's "Asynchronous Python and Databases" (seed 003) argues that CRUD code belongs behind
 a thread pool: the ORM's Python work dominates and threads on a blocking driver beat asyncio.
 The runner is awaited from an event loop and runs sync units in L worker threads, each with its
-own Session, on psycopg (3) and, as a second row, on psycopg2.  :func:`measure_sync` calls
-``run_sync`` from plain sync code instead (no event loop of the caller's), for the ``overhead``
-scenario.
+own Session, on psycopg (3) and, as a second row, on psycopg2.  With ``--database mysql``,
+``threads`` runs on pymysql and ``threads-mysqldb`` on mysqlclient (where it is installed: it builds
+from source against libmariadb).  :func:`measure_sync` calls ``run_sync`` from plain sync code
+instead (no event loop of the caller's), for the ``overhead`` scenario.
 """
 
 from __future__ import annotations
@@ -24,11 +25,23 @@ from ._workload import Op, sync_unit
 
 
 def run(ctx: Context) -> None:
-    asyncio.run(measure(ctx, ctx.limit, ctx.ops, driver="psycopg"))
+    asyncio.run(measure(ctx, ctx.limit, ctx.ops, driver=ctx.db.thread_driver))
 
 
 def run_psycopg2(ctx: Context) -> None:
     asyncio.run(measure(ctx, ctx.limit, ctx.ops, driver="psycopg2"))
+
+
+def run_mysqldb(ctx: Context) -> None:
+    """The runner on mysqlclient (MySQLdb), MySQL/MariaDB's C driver, where it is installed."""
+    try:
+        import MySQLdb  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(
+            "mysqlclient is not installed: pip install mysqlclient (it builds against libmariadb-dev "
+            "and needs pkg-config)"
+        ) from exc
+    asyncio.run(measure(ctx, ctx.limit, ctx.ops, driver="mysqldb"))
 
 
 def _setup(
@@ -40,7 +53,7 @@ def _setup(
     capacity: int | None = None,
 ) -> tuple[str, str, str, Any, sessionmaker[Session], dict[str, Any]]:
     ctx.reset()
-    scenario = "threads" if driver == "psycopg" else f"threads-{driver}"
+    scenario = "threads" if driver == ctx.db.thread_driver else f"threads-{driver}"
     label = label or f"{scenario}{default} (L={limit})"
     app = ctx.app_name(label)
     pool_size = capacity or int(limit)

@@ -122,6 +122,9 @@ class Dialect:
         """Connect arguments that make ``driver`` give up opening a connection after ``seconds``."""
         return {}
 
+    def check_engine(self, engine: Any) -> None:
+        """Raise :class:`ValueError` for an engine where a unit cannot be one transaction (none here)."""
+
     # -- stopping statements ------------------------------------------------------------------------
 
     def watch(self, engine: Any) -> None:

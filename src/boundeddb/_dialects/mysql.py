@@ -11,6 +11,15 @@ side connection opened with the engine's own URL (pymysql, in a thread of its ow
 event loop never waits for it); a thread's statement is killed the same way when its run is
 cancelled.  A cancelled connection is never returned to the pool: the async drivers' protocol is
 left mid-reply (asyncmy#103), and SQLAlchemy invalidates it.
+
+An ``autocommit`` in the engine's URL is refused: SQLAlchemy passes its text to the driver, which
+takes any non-empty string as true, so ``?autocommit=false`` switches autocommit *on*, every statement
+commits by itself, and a failed unit's earlier statements stay (see :meth:`MySQL.check_engine`).
+
+The server's id of each connection is read when the connection is made: mysqlclient refuses any
+call on a connection while another thread runs a statement on it (``ProgrammingError: This
+connection is already in use from another thread``), ``thread_id()`` included, and a cancellation
+comes from another thread by definition.
 """
 
 from __future__ import annotations
@@ -74,6 +83,15 @@ def server_thread_id(dbapi_connection: Any) -> int | None:
     return int(thread_id()) if callable(thread_id) else None
 
 
+def _thread_id_now(dbapi_connection: Any) -> int | None:
+    """:func:`server_thread_id`, or ``None`` if the driver will not say now (mysqlclient, busy elsewhere)."""
+    try:
+        return server_thread_id(dbapi_connection)
+    except Exception as error:
+        logger.debug("MySQL: cannot read this connection's server id now: %s", error)
+        return None
+
+
 def kill_query(url: URL, thread_id: int) -> None:
     """``KILL QUERY thread_id`` from a new pymysql connection to ``url``'s server; failures are logged."""
     try:
@@ -110,6 +128,8 @@ class MySQL(Dialect):
     def __init__(self) -> None:
         #: The URL of the engine each DBAPI connection came from, for the side connection.
         self._urls: weakref.WeakKeyDictionary[Any, URL] = weakref.WeakKeyDictionary()
+        #: Each DBAPI connection's server id, read when it was made (see the module docstring).
+        self._ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._watched: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
 
@@ -123,6 +143,19 @@ class MySQL(Dialect):
             return True
         return isinstance(error, sa_exc.DBAPIError) and errno(error.orig) in TRANSIENT_ERRNOS
 
+    def check_engine(self, engine: Engine) -> None:
+        value = engine.url.query.get("autocommit")
+        if value is None:
+            return
+        msg = (
+            f"the engine's URL sets autocommit={value}: SQLAlchemy passes that text to the MySQL driver, "
+            "which takes any non-empty string as true, so its connections commit every statement by "
+            "itself and a failed unit's earlier statements would stay committed; remove autocommit from "
+            "the URL (the runner commits or rolls back each unit), or, to run without transactions on "
+            "purpose, use create_engine(..., isolation_level='AUTOCOMMIT')"
+        )
+        raise ValueError(msg)
+
     def watch(self, engine: Engine) -> None:
         with self._lock:
             if engine.pool in self._watched:
@@ -131,19 +164,26 @@ class MySQL(Dialect):
         url = engine.url
 
         def on_connect(dbapi_connection: Any, _record: Any) -> None:
-            self._urls[_key(dbapi_connection)] = url
+            key = _key(dbapi_connection)
+            self._urls[key] = url
+            if (ident := _thread_id_now(dbapi_connection)) is not None:
+                self._ids[key] = ident
 
         def on_invalidate(dbapi_connection: Any, _record: Any, _exception: BaseException | None) -> None:
-            thread_id = server_thread_id(dbapi_connection)
+            thread_id = self._thread_id(dbapi_connection)
             if thread_id is not None:  # never block the caller (an event loop): a thread of its own
                 threading.Thread(target=kill_query, args=(url, thread_id), daemon=True).start()
 
         event.listen(engine.pool, "connect", on_connect)
         event.listen(engine.pool, "invalidate", on_invalidate)
 
+    def _thread_id(self, dbapi_connection: Any) -> int | None:
+        known = self._ids.get(_key(dbapi_connection))
+        return known if known is not None else _thread_id_now(dbapi_connection)
+
     def cancel_statement(self, dbapi_connection: Any) -> None:
         url = self._urls.get(_key(dbapi_connection))
-        thread_id = server_thread_id(dbapi_connection)
+        thread_id = self._thread_id(dbapi_connection)
         if url is None or thread_id is None:
             logger.debug("MySQL: no way to stop this connection's statement")
             return

@@ -92,6 +92,7 @@ class BaseRunner:
         self._timeout = check_timeout(timeout)
         self._dialect: Dialect = for_name(engine.dialect.name)
         self._verify_commits = check_verify_commits(verify_commits, self._dialect, engine.dialect.name)
+        self._dialect.check_engine(engine)
         self._dialect.watch(engine)
         self._controller = _controller(plan, self._limiter, self._dialect)
         failed = self._controller.failed if self._controller is not None else None
