@@ -59,7 +59,7 @@ from . import (
 )
 from ._db import Database, resolve
 from ._db_mysql import MySQLDatabase
-from ._harness import Context, Measurement
+from ._harness import Context, Measurement, SuiteProgress
 from ._workload import make_ops
 
 SCENARIOS: dict[str, Callable[[Context], None]] = {
@@ -294,7 +294,7 @@ def progress_bars() -> Iterator[Progress | None]:
         yield None
         return
     columns = (TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), refresh_per_second=5) as progress:
+    with SuiteProgress(*columns, console=Console(stderr=True), refresh_per_second=5) as progress:
         yield progress
 
 

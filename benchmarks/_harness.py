@@ -215,6 +215,21 @@ class LoopLagTicker:
                 await self._task
 
 
+class SuiteProgress(Progress):
+    """The suite's progress bars; a task a runner adds (``progress=``) takes the next scenario's label."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._next_label: str | None = None
+
+    def label_next(self, label: str) -> None:
+        self._next_label = label
+
+    def add_task(self, description: str, *args: Any, **kwargs: Any) -> TaskID:
+        label, self._next_label = self._next_label, None
+        return super().add_task(label or description, *args, **kwargs)
+
+
 class Probe:
     """Times one scenario run; see the module docstring."""
 
@@ -228,8 +243,12 @@ class Probe:
         app_name: str,
         group: str = "main",
         config: dict[str, Any] | None = None,
+        bar: bool = True,
     ) -> None:
         self.ctx, self.app_name, self.done = ctx, app_name, 0
+        #: Whether the probe draws the scenario's bar from tick(); False: a runner draws it (see
+        #: runner_progress), and the units do not tick.
+        self._bar = bar
         suffix = " [index]" if ctx.index and group == "main" else ""
         self.m = Measurement(
             scenario=scenario,
@@ -247,6 +266,18 @@ class Probe:
         self._ticker: LoopLagTicker | None = None
         self._end: tuple[float, float] | None = None
 
+    def runner_progress(self) -> Progress | bool:
+        """
+        What to pass a boundeddb runner as ``progress=``: the suite's bars, where the runner adds a
+        task labelled as this scenario and keeps it up to date itself; ``False`` off a terminal.
+        """
+        progress = self.ctx.progress
+        if progress is None:
+            return False
+        if isinstance(progress, SuiteProgress):
+            progress.label_next(self.m.label)
+        return progress
+
     def tick(self) -> None:
         """One unit done (for the progress bar only)."""
         self.done += 1
@@ -256,7 +287,7 @@ class Probe:
             self.ctx.progress.update(self._task, completed=self.done)
 
     def __enter__(self) -> Probe:
-        if self.ctx.progress is not None:
+        if self.ctx.progress is not None and self._bar:
             self._task = self.ctx.progress.add_task(self.m.label, total=self.m.n)
         self._sampler = Sampler(self.ctx, self.app_name, self)
         self._sampler.sample()

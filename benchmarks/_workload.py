@@ -102,8 +102,14 @@ def op_sync(session: Session, op: Op) -> int:
     return _touch(session.execute(READ_STMT))
 
 
-def async_unit(op: Op, tick: Callable[[], None]) -> Callable[[AsyncSession], Any]:
-    """A boundeddb async unit for ``op`` that reports progress through ``tick``."""
+def async_unit(op: Op, tick: Callable[[], None] | None = None) -> Callable[[AsyncSession], Any]:
+    """A boundeddb async unit for ``op``; it reports progress through ``tick``, if given."""
+    if tick is None:  # the runner shows its own progress (see Probe.runner_progress)
+
+        async def plain(session: AsyncSession) -> int:
+            return await op_async(session, op)
+
+        return plain
 
     async def unit(session: AsyncSession) -> int:
         value = await op_async(session, op)
@@ -113,8 +119,14 @@ def async_unit(op: Op, tick: Callable[[], None]) -> Callable[[AsyncSession], Any
     return unit
 
 
-def sync_unit(op: Op, tick: Callable[[], None]) -> Callable[[Session], int]:
-    """A boundeddb thread unit for ``op`` that reports progress through ``tick``."""
+def sync_unit(op: Op, tick: Callable[[], None] | None = None) -> Callable[[Session], int]:
+    """A boundeddb thread unit for ``op``; it reports progress through ``tick``, if given."""
+    if tick is None:
+
+        def plain(session: Session) -> int:
+            return op_sync(session, op)
+
+        return plain
 
     def unit(session: Session) -> int:
         value = op_sync(session, op)

@@ -39,9 +39,11 @@ async def measure(
     try:
         async with (
             ChunkedRunner(sessions, chunk_size=chunk, errors="collect") as runner,
-            Probe(ctx, "chunked", label, total=len(ops), app_name=app, group=group, config=config) as p,
+            Probe(
+                ctx, "chunked", label, total=len(ops), app_name=app, group=group, config=config, bar=False
+            ) as p,
         ):
-            units = [async_unit(op, p.tick) for op in ops]
-            record(p, await runner.run(units))
+            units = [async_unit(op) for op in ops]
+            record(p, await runner.run(units, progress=p.runner_progress()))
     finally:
         await engine.dispose()

@@ -25,6 +25,9 @@ next.  So this scenario measures four pairs, each side on the same op functions,
   ``asyncio.gather`` over ``loop.run_in_executor`` on a ``ThreadPoolExecutor(L)`` (psycopg), both
   under the async probe.
 
+The library sides count their progress with the runner's own ``progress=`` (nothing per unit;
+drawn only on a terminal), the hand-written sides with a counter each unit calls.
+
 In every round each pair runs its sides back to back: library, hand-written, then the peers in
 rounds 1, 3, 5, ... and the reverse order in rounds 2, 4, ..., so that a slow drift of the machine
 favours no side; the library and its hand-written equivalent are always neighbours

@@ -44,22 +44,25 @@ async def probed_runner(
     extra: dict[str, Any] | None = None,
     driver: str | None = None,
     scenario: str = "semaphore",
+    runner_bar: bool = False,
 ) -> AsyncIterator[tuple[SemaphoreRunner, Probe]]:
     """
     A SemaphoreRunner of ``limit`` on a pool of ``capacity`` connections (default: the limit;
     ``limit="auto"`` needs it) of ``driver`` (default: the database's async driver, asyncpg on
-    PostgreSQL), under a Probe; the engine is disposed of afterwards.
+    PostgreSQL), under a Probe; the engine is disposed of afterwards. ``runner_bar``: the run will
+    draw the scenario's progress bar itself (``progress=p.runner_progress()``), not the probe.
     """
     app = ctx.app_name(label)
     pool_size = capacity or int(limit)
     driver = driver or ctx.db.async_driver
+    bar = not runner_bar
     engine = ctx.db.async_engine(app, pool_size=pool_size, driver=driver)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     config = {"driver": driver, "limit": limit, "pool_size": pool_size, "max_overflow": 0, **(extra or {})}
     try:
         async with (
             SemaphoreRunner(sessions, limit=limit, errors="collect") as runner,
-            Probe(ctx, scenario, label, total=total, app_name=app, group=group, config=config) as p,
+            Probe(ctx, scenario, label, total=total, app_name=app, group=group, config=config, bar=bar) as p,
         ):
             yield runner, p
     finally:
@@ -83,8 +86,8 @@ async def measure(
     label = label or f"semaphore (L={limit})"
     cm = probed_runner(
         ctx, limit, label, total=len(ops), group=group, capacity=capacity, extra=extra, driver=driver,
-        scenario=scenario,
+        scenario=scenario, runner_bar=True,
     )  # fmt: skip
     async with cm as (runner, p):
-        units = [async_unit(op, p.tick) for op in ops]
-        record(p, await runner.run(units))
+        units = [async_unit(op) for op in ops]
+        record(p, await runner.run(units, progress=p.runner_progress()))

@@ -83,10 +83,12 @@ async def measure(
     try:
         async with (
             ThreadOffloadRunner(sessions, limit=limit, errors="collect") as runner,
-            Probe(ctx, scenario, label, total=len(ops), app_name=app, group=group, config=config) as p,
+            Probe(
+                ctx, scenario, label, total=len(ops), app_name=app, group=group, config=config, bar=False
+            ) as p,
         ):
-            units = [sync_unit(op, p.tick) for op in ops]
-            record(p, await runner.run(units))
+            units = [sync_unit(op) for op in ops]
+            record(p, await runner.run(units, progress=p.runner_progress()))
     finally:
         engine.dispose()
 
@@ -105,9 +107,11 @@ def measure_sync(
     try:
         with (
             ThreadOffloadRunner(sessions, limit=limit, errors="collect") as runner,
-            Probe(ctx, scenario, label, total=len(ops), app_name=app, group=group, config=config) as p,
+            Probe(
+                ctx, scenario, label, total=len(ops), app_name=app, group=group, config=config, bar=False
+            ) as p,
         ):
-            units = [sync_unit(op, p.tick) for op in ops]
-            record(p, runner.run_sync(units))
+            units = [sync_unit(op) for op in ops]
+            record(p, runner.run_sync(units, progress=p.runner_progress()))
     finally:
         engine.dispose()
