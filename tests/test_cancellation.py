@@ -351,3 +351,101 @@ async def test_a_native_asyncio_cancel_stops_units_promptly(kit: Kit, verb: str)
     assert task.cancelled()
     assert kit.pool.checkedout() == 0
     kit.db.assert_no_open_transactions("after a native cancel")
+
+
+# -- a connection whose statement was cancelled never serves another unit ---------------------------------
+#
+# A cancelled read leaves an async driver's connection halfway through a reply: reused, it hands the next
+# caller the rest of another request's rows or "Packet sequence number wrong" (asyncmy#103, #89). And a
+# thread's statement is stopped by a request from another connection (psycopg's cancel, MySQL's KILL
+# QUERY) that may land late, on whatever statement that connection runs by then. Either way the
+# connection must be discarded, never returned to the pool.
+
+EVERY_CASE = CANCEL_CASES + [case for case in UVLOOP_CASES + MYSQL_UVLOOP_CASES if case not in CANCEL_CASES]
+EVERY_ID = [f"{kind}-{backend if isinstance(backend, str) else 'uvloop'}" for kind, backend in EVERY_CASE]
+
+
+@pytest.mark.usefixtures("collect_garbage")
+@pytest.mark.parametrize(("kind", "anyio_backend"), EVERY_CASE, ids=EVERY_ID)
+async def test_a_connection_cancelled_mid_statement_is_closed_not_pooled(cancel_kit: Kit) -> None:
+    """Two units cancelled in their 30 s sleeps: both connections are closed on the server, none pooled."""
+    kit = cancel_kit
+    runner = kit.runner(limit=2)
+    gate = StartGate(2)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+            group.start_soon(runner.run, [kit.sleep_then_insert(i, 30, gate) for i in range(2)])
+            await gate.event.wait()
+            await anyio.to_thread.run_sync(wait_until, lambda: kit.db.sleeping() == 2, 10, "2 units asleep")
+            asleep = {ident for ident, _ in kit.db.statements(kit.db.sleep_like)}
+            group.cancel_scope.cancel()
+    assert kit.pool.checkedout() == 0
+    # A connection back in the pool would stay open on the server.
+    await anyio.to_thread.run_sync(
+        wait_until, lambda: not asleep & kit.db.connection_ids(), 10, f"cancelled connections {asleep} closed"
+    )
+    assert kit.db.committed_units() == []
+    assert await runner.submit(kit.select(3)) == 3
+
+
+def chatty(kit: Kit, statements: int, gate: StartGate) -> Any:
+    """A unit that runs ``statements`` quick statements, reporting after the first."""
+    statement = text(f"SELECT {kit.db.integer}")
+    if kit.is_async:
+
+        async def unit(session: AsyncSession) -> int:
+            for i in range(statements):
+                await session.execute(statement, {"v": i})
+                if i == 0:
+                    gate.arrive(from_thread=False)
+            return statements
+
+        return unit
+
+    def sync_unit(session: Session) -> int:
+        for i in range(statements):
+            session.execute(statement, {"v": i})
+            if i == 0:
+                gate.arrive(from_thread=True)
+        return statements
+
+    return sync_unit
+
+
+#: The thread kinds (whose statements are stopped from another connection), and an async kind per server.
+STRAY_CASES = [
+    case
+    for case in CANCEL_CASES
+    if case[0].startswith("threads") or case[0] in ("semaphore", "semaphore-asyncmy")
+]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("collect_garbage")
+@pytest.mark.parametrize(("kind", "anyio_backend"), STRAY_CASES, ids=[f"{k}-{b}" for k, b in STRAY_CASES])
+async def test_a_cancelled_runs_statement_cancel_never_reaches_another_callers_unit(cancel_kit: Kit) -> None:
+    """150 runs cancelled as their units run quick statements: a caller submitting beside them never fails."""
+    kit = cancel_kit
+    runner = kit.runner(limit=2)
+    rng = random.Random(7)
+    submitted = 0
+    stop = False
+
+    async def submitter() -> None:
+        nonlocal submitted
+        while not stop:  # the unit's own error (a stray 57014 or 1317) would end the test here
+            assert await runner.submit(kit.select(submitted)) == submitted
+            submitted += 1
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as callers:
+            callers.start_soon(submitter)
+            for _ in range(150):
+                gate = StartGate(1)
+                async with anyio.create_task_group() as group:
+                    group.start_soon(runner.run, [chatty(kit, rng.randint(1, 3), gate) for _ in range(4)])
+                    await gate.event.wait()
+                    group.cancel_scope.cancel()
+            stop = True
+    assert submitted > 0
+    assert kit.pool.checkedout() == 0

@@ -54,7 +54,10 @@ class SyncGuard(Protocol):
     def connecting(self) -> None: ...
     def running(self, dbapi_connection: Any) -> None: ...
     def committing(self) -> None: ...
-    def closing(self) -> None: ...
+    def closing(self) -> bool:
+        """Whether to discard the connection rather than return it to the pool."""
+        ...
+
     def closed(self) -> None: ...
 
 
@@ -247,7 +250,8 @@ def attempt_sync(
             raise
         return value
     finally:
-        guard.closing()
+        if guard.closing():  # a cancellation was sent to its statement: never back to the pool
+            invalidate_sync(connection)
         try:
             close_sync(session, connection)
         finally:
