@@ -388,6 +388,41 @@ async def test_a_connection_cancelled_mid_statement_is_closed_not_pooled(cancel_
     assert await runner.submit(kit.select(3)) == 3
 
 
+def reading(kit: Kit, value: int) -> Any:
+    """A unit that reads one wide row (its own ``value`` and 64 KiB), several reads off the socket."""
+    statement = text(f"SELECT {kit.db.integer} AS v, repeat('x', 65536) AS pad")
+    if kit.is_async:
+
+        async def unit(session: AsyncSession) -> tuple[int, int]:
+            row = (await session.execute(statement, {"v": value})).one()
+            return int(row.v), len(row.pad)
+
+        return unit
+
+    def sync_unit(session: Session) -> tuple[int, int]:
+        row = session.execute(statement, {"v": value}).one()
+        return int(row.v), len(row.pad)
+
+    return sync_unit
+
+
+@pytest.mark.usefixtures("collect_garbage")
+@pytest.mark.parametrize(("kind", "anyio_backend"), EVERY_CASE, ids=EVERY_ID)
+async def test_runs_cancelled_mid_read_never_hand_their_rows_to_later_units(cancel_kit: Kit) -> None:
+    """40 runs of wide reads cancelled at random points: each later unit reads its own row (asyncmy#103)."""
+    kit = cancel_kit
+    runner = kit.runner(limit=4, errors="collect")
+    rng = random.Random(103)
+    with anyio.fail_after(120):
+        for attempt in range(40):
+            with anyio.move_on_after(rng.uniform(0, 0.03)):
+                await runner.run([reading(kit, 1000 + i) for i in range(12)])
+            report = await runner.run([reading(kit, i) for i in range(8)])
+            assert [o.error for o in report.outcomes if not o.ok] == [], f"after cancelled run {attempt}"
+            assert report.values() == [(i, 65536) for i in range(8)], f"after cancelled run {attempt}"
+            assert kit.pool.checkedout() == 0
+
+
 def chatty(kit: Kit, statements: int, gate: StartGate) -> Any:
     """A unit that runs ``statements`` quick statements, reporting after the first."""
     statement = text(f"SELECT {kit.db.integer}")
