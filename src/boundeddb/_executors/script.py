@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import PoolProxiedConnection
 
 from .._core.attempts import CommitUnknown, ConnectFailed, UnitMisuse
-from .._dialects import Dialect
+from .._dialects import STATEMENT_ENDED, Dialect
 from .._errors import UnitTimeout
 
 __all__ = ["AsyncGuard", "SyncGuard", "attempt_async", "attempt_sync"]
@@ -251,7 +251,7 @@ def attempt_sync(
         return value
     finally:
         if guard.closing():  # a cancellation was sent to its statement: never back to the pool
-            invalidate_sync(connection)
+            invalidate_sync(connection, STATEMENT_ENDED)
         try:
             close_sync(session, connection)
         finally:
@@ -267,12 +267,12 @@ def close_sync(session: Session, connection: Connection | None) -> None:
         invalidate_sync(connection)
 
 
-def invalidate_sync(connection: Connection | None) -> None:
+def invalidate_sync(connection: Connection | None, reason: BaseException | None = None) -> None:
     """Discard ``connection`` from the pool: neither leaked nor returned mid-transaction."""
     if connection is None:
         return
     try:
-        connection.invalidate()
+        connection.invalidate(reason)
     except Exception as error:  # already closed or gone: nothing left to return
         logger.debug(_INVALIDATE_FAILED, type(error).__qualname__)
 

@@ -297,14 +297,9 @@ class ThreadTeam:
             logger.debug(
                 "run cancelled: stopping %d statement(s) of %d worker(s)", len(busy), len(self._workers)
             )
-            await anyio.to_thread.run_sync(_cancel_all, self._dialect, busy)
+            await anyio.to_thread.run_sync(self._dialect.cancel_statements, busy)
             await anyio.sleep(CANCEL_AGAIN_S)
         logger.debug("run cancelled: no statement of its %d workers left to stop", len(self._workers))
-
-
-def _cancel_all(dialect: Dialect, dbapi_connections: list[Any]) -> None:
-    for dbapi_connection in dbapi_connections:
-        dialect.cancel_statement(dbapi_connection)
 
 
 async def _when_cancelled(callback: Callable[[], Awaitable[None]], finished: Callable[[], bool]) -> NoReturn:
