@@ -42,13 +42,15 @@ UVLOOP_IDS = [f"{kind}-uvloop" for kind, _ in UVLOOP_CASES]
 PSYCOPG_ASYNC_CASES = [("semaphore-psycopg", "asyncio"), ("chunked-psycopg", "asyncio")]
 PSYCOPG_ASYNC_IDS = [f"{kind}-asyncio" for kind, _ in PSYCOPG_ASYNC_CASES]
 #: On MariaDB/MySQL: the async runners on aiomysql and asyncmy (asyncio's drivers), the thread runner
-#: on pymysql; tests that take the ``db`` fixture (or a kit) get a database of their own there.
+#: on pymysql (under trio too); tests that take the ``db`` fixture (or a kit) get a database of their
+#: own there.
 MYSQL_CASES = [
     ("semaphore-aiomysql", "asyncio"),
     ("semaphore-asyncmy", "asyncio"),
     ("chunked-aiomysql", "asyncio"),
     ("chunked-asyncmy", "asyncio"),
     ("threads-pymysql", "asyncio"),
+    ("threads-pymysql", "trio"),
 ]
 MYSQL_IDS = [f"{kind}-{backend}" for kind, backend in MYSQL_CASES]
 #: The async MySQL kinds under uvloop: both drivers, both async runners.

@@ -29,7 +29,6 @@ from tests.conftest import (
     PeakSampler,
     backends,
     committed_units,
-    idle_in_transaction,
     terminate_backends,
 )
 from tests.faults import active_queries, open_transactions
@@ -101,9 +100,11 @@ class Database:
         return PeakSampler(self.connections)
 
     def create_items(self) -> None:
+        """Create the items table (``Item``) afresh where the test's runners see it."""
         raise NotImplementedError
 
     def drop_items(self) -> None:
+        """Drop the items table."""
         raise NotImplementedError
 
     def assert_no_open_transactions(self, where: str, timeout: float = 5.0) -> None:
@@ -154,9 +155,6 @@ class PostgreSQL(Database):
 
     def open_transactions(self) -> list[tuple[Any, ...]]:
         return [tuple(row) for row in open_transactions(self.admin, self.app)]
-
-    def idle_in_transaction(self) -> int:
-        return idle_in_transaction(self.admin, self.app)
 
     def terminate(self) -> None:
         terminate_backends(self.admin, self.app)
