@@ -229,6 +229,18 @@ def sampler(db: Database) -> PeakSampler:
 
 # -- MariaDB / MySQL: a database per test ---------------------------------------------------------------
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each case of a kind with its server: ``mysql`` for a MySQL driver's, else ``postgres``."""
+    from tests.servers import database_of
+
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        kind = callspec.params.get("kind") if callspec is not None else None
+        if isinstance(kind, str):
+            item.add_marker(pytest.mark.mysql if database_of(kind) == "mariadb" else pytest.mark.postgres)
+
+
 MYSQL_DEFAULT_URL = "mysql://root@127.0.0.1:3306/test"
 
 

@@ -42,7 +42,8 @@ from tests.kits import (
     StartGate,
 )
 
-pytestmark = [pytest.mark.postgres, pytest.mark.anyio, pytest.mark.usefixtures("items_table")]
+#: Each case is marked postgres or mysql by its kind (conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("items_table")]
 
 #: The async kinds on MariaDB/MySQL (aiomysql, asyncmy).
 MYSQL_ASYNC_CASES = [case for case in MYSQL_CASES if not case[0].startswith("threads")]

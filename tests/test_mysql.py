@@ -27,7 +27,7 @@ from tests.conftest import Item
 from tests.kits import MYSQL_CASES, MYSQL_IDS, Kit, eventually
 from tests.servers import MariaDB
 
-pytestmark = pytest.mark.usefixtures("collect_garbage")
+pytestmark = [pytest.mark.mysql, pytest.mark.usefixtures("collect_garbage")]
 
 every_kind = pytest.mark.parametrize(("kind", "anyio_backend"), MYSQL_CASES, ids=MYSQL_IDS)
 

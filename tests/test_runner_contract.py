@@ -35,8 +35,7 @@ from tests.kits import (
     eventually,
 )
 
-pytestmark = [
-    pytest.mark.postgres,
+pytestmark = [  # each case is marked postgres or mysql by its kind (conftest.py)
     pytest.mark.anyio,
     pytest.mark.usefixtures("items_table"),
     pytest.mark.parametrize(
