@@ -1,4 +1,7 @@
-"""Fixtures: a real PostgreSQL (a schema per test run), SQLite files, engines, probes, the contract kit."""
+"""
+Fixtures: a real PostgreSQL (a schema per test run), a MariaDB/MySQL (a database per test), SQLite
+files, engines, probes, the contract kit.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from sqlalchemy import Column, Integer, String, create_engine, text
-from sqlalchemy.engine import URL, Engine
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, sessionmaker
 from typing_extensions import Self
@@ -22,6 +25,7 @@ from boundeddb.testing import PostgresServer, driver_url, postgres
 
 if TYPE_CHECKING:
     from tests.kits import Kit
+    from tests.servers import Database, MariaDB, PostgreSQL
 
 
 class Base(DeclarativeBase):
@@ -33,7 +37,7 @@ class Item(Base):
 
     __tablename__ = "items"
     id = Column(Integer, primary_key=True)
-    key = Column(String, unique=True, nullable=False)
+    key = Column(String(64), unique=True, nullable=False)  # MySQL's VARCHAR needs a length
     unit = Column(Integer)
 
 
@@ -131,11 +135,11 @@ def admin(pg_server: PostgresServer, pg_schema: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def items_table(admin: Engine) -> Iterator[None]:
-    Base.metadata.drop_all(admin)
-    Base.metadata.create_all(admin)
+def items_table(db: Database) -> Iterator[None]:
+    """The items table (Item), new for the test, on the server of the test's kind."""
+    db.create_items()
     yield
-    Base.metadata.drop_all(admin)
+    db.drop_items()
 
 
 def backends(admin: Engine, app: str, *, state_like: str = "%") -> int:
@@ -164,10 +168,10 @@ def terminate_backends(admin: Engine, app: str) -> None:
 
 
 @pytest.fixture
-def reap_backends(admin: Engine, app_name: str) -> Iterator[None]:
+def reap_backends(db: Database) -> Iterator[None]:
     """At teardown, terminate this test's backends: a leaked one in a transaction would block DROP TABLE."""
     yield
-    terminate_backends(admin, app_name)
+    db.terminate()
 
 
 def committed_units(admin: Engine) -> list[int]:
@@ -218,33 +222,170 @@ class ActivitySampler(PeakSampler):
 
 
 @pytest.fixture
-def sampler(admin: Engine, app_name: str) -> ActivitySampler:
-    return ActivitySampler(admin, app_name)
+def sampler(db: Database) -> PeakSampler:
+    """Samples this test's open connections on the server of its kind (pg_stat_activity, processlist)."""
+    return db.sampler()
+
+
+# -- MariaDB / MySQL: a database per test ---------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each case of a kind with its server: ``mysql`` for a MySQL driver's, else ``postgres``."""
+    from tests.servers import database_of
+
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        kind = callspec.params.get("kind") if callspec is not None else None
+        if isinstance(kind, str):
+            item.add_marker(pytest.mark.mysql if database_of(kind) == "mariadb" else pytest.mark.postgres)
+
+
+MYSQL_DEFAULT_URL = "mysql://root@127.0.0.1:3306/test"
+
+
+def _mysql_answers(url: URL) -> bool:
+    import pymysql
+
+    try:
+        pymysql.connect(
+            host=url.host,
+            port=url.port or 3306,
+            user=url.username,
+            password=url.password or "",
+            connect_timeout=3,
+        ).close()
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def mysql_server() -> URL:
+    """
+    ``$BOUNDEDDB_TEST_MYSQL_URL`` (default: the local MariaDB), or a skip with one reason where no server
+    answers or the drivers are missing (``.ci/run`` starts the local MariaDB and fails if it cannot).
+    """
+    for module in ("pymysql", "aiomysql", "asyncmy"):
+        pytest.importorskip(module, reason="the MySQL drivers are in the test extra (boundeddb[mysql])")
+    url = make_url(os.environ.get("BOUNDEDDB_TEST_MYSQL_URL", MYSQL_DEFAULT_URL)).set(drivername="mysql")
+    if not _mysql_answers(url):
+        pytest.skip(
+            f"no MySQL/MariaDB server answers at {url.render_as_string(hide_password=True)} "
+            "(set BOUNDEDDB_TEST_MYSQL_URL; .ci/run starts the local MariaDB)"
+        )
+    return url
+
+
+@pytest.fixture
+def mysql_db(mysql_server: URL) -> Iterator[MariaDB]:
+    """
+    A database of this test's own on the MySQL server (its runners' engines connect to it), dropped at the
+    end, after its connections are killed: a leaked transaction would make DROP DATABASE wait.
+    """
+    from tests.servers import MariaDB
+
+    database = f"bdbt_{secrets.token_hex(4)}"
+    admin = create_engine(
+        mysql_server.set(drivername="mysql+pymysql", database=None), isolation_level="AUTOCOMMIT", pool_size=2
+    )
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE `{database}`"))
+    mysql = MariaDB(mysql_server, admin, database)
+    try:
+        yield mysql
+    finally:
+        mysql.terminate()
+        with admin.connect() as connection:
+            connection.execute(text("SET SESSION lock_wait_timeout = 30"))
+            connection.execute(text(f"DROP DATABASE `{database}`"))
+        admin.dispose()
+
+
+@pytest.fixture
+async def make_mysql_async_engine(mysql_db: MariaDB) -> AsyncIterator[Any]:
+    """Async engines (aiomysql, asyncmy) on this test's MySQL database, disposed at the end."""
+    engines: list[AsyncEngine] = []
+
+    def make(*, driver: str, **pool: Any) -> AsyncEngine:
+        pool.setdefault("pool_size", 10)
+        pool.setdefault("max_overflow", 0)
+        engine = create_async_engine(mysql_db.url(driver), **pool)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        await engine.dispose()
+
+
+@pytest.fixture
+def make_mysql_sync_engine(mysql_db: MariaDB) -> Iterator[Any]:
+    """Sync engines (pymysql) on this test's MySQL database, disposed at the end."""
+    engines: list[Engine] = []
+
+    def make(driver: str = "pymysql", **pool: Any) -> Engine:
+        pool.setdefault("pool_size", 10)
+        pool.setdefault("max_overflow", 0)
+        engine = create_engine(mysql_db.url(driver), **pool)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.dispose()
+
+
+# -- the server of a test's kind ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_db(admin: Engine, app_name: str) -> PostgreSQL:
+    """The PostgreSQL facet: this test's backends are those with its application_name."""
+    from tests.servers import PostgreSQL
+
+    return PostgreSQL(admin, app_name)
+
+
+@pytest.fixture
+def db(request: pytest.FixtureRequest) -> Database:
+    """
+    The server of the test's parametrized ``kind`` (tests/servers.py): MariaDB for a kind on a MySQL
+    driver (``"semaphore-asyncmy"``), PostgreSQL for the others and for a test without a kind.
+    """
+    from tests.servers import database_of
+
+    callspec = getattr(request.node, "callspec", None)
+    kind = callspec.params.get("kind") if callspec is not None else None
+    mysql = isinstance(kind, str) and database_of(kind) == "mariadb"
+    database: Database = request.getfixturevalue("mysql_db" if mysql else "pg_db")
+    return database
 
 
 # -- the contract kit: a runner of the parametrized ``kind`` and units of its shape (tests/kits.py) ---------
 
 
-def _make_kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any, **async_options: Any) -> Kit:
+def _make_kit(kind: str, request: pytest.FixtureRequest, db: Database, **async_options: Any) -> Kit:
     from tests.kits import Kit  # tests.kits imports this module (Item)
 
+    async_fixture, sync_fixture = db.engine_fixtures
     # The async engine factory is an asyncio-only fixture: ask for it only where it is needed.
     async_factory = None
     if not kind.startswith("threads"):
-        async_factory = request.getfixturevalue("make_async_engine")
+        async_factory = request.getfixturevalue(async_fixture)
         if async_options:
             async_factory = partial(async_factory, **async_options)
-    return Kit(kind, async_factory, make_sync_engine)
+    return Kit(kind, db, async_factory, request.getfixturevalue(sync_fixture))
 
 
 @pytest.fixture
-def kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any) -> Kit:
-    """A Kit for the test's parametrized ``kind`` (tests.kits.CASES)."""
-    return _make_kit(kind, request, make_sync_engine)
+def kit(kind: str, request: pytest.FixtureRequest, db: Database) -> Kit:
+    """A Kit for the test's parametrized ``kind`` (tests.kits.CASES), on the server of that kind."""
+    return _make_kit(kind, request, db)
 
 
 @pytest.fixture
-def cancel_kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any) -> Kit:
+def cancel_kit(kind: str, request: pytest.FixtureRequest, db: Database) -> Kit:
     """
     A Kit whose async engines use asyncpg's ``ssl=False`` (the test server has no TLS).
 
@@ -252,9 +393,9 @@ def cancel_kit(kind: str, request: pytest.FixtureRequest, make_sync_engine: Any)
     cancelled during the probe leaves a "Future exception was never retrieved: ConnectionError:
     unexpected connection_lost() call" for the event loop to report (asyncpg's TLSUpgradeProto,
     MagicStack/asyncpg#1211 and #1310). That is the driver's noise, not boundeddb's: turn the probe off
-    where a test cancels units that may be connecting.
+    where a test cancels units that may be connecting. (The MySQL drivers have no such probe.)
     """
-    return _make_kit(kind, request, make_sync_engine, ssl=False)
+    return _make_kit(kind, request, db, **({"ssl": False} if db.name == "postgresql" else {}))
 
 
 @pytest.fixture

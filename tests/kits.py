@@ -1,4 +1,10 @@
-"""One set of unit factories per runner kind, so that one contract runs against every runner."""
+"""
+One set of unit factories per runner kind, so that one contract runs against every runner.
+
+A kind is ``<strategy>[-<driver>]``: ``semaphore``, ``chunked`` (asyncpg), ``semaphore-psycopg``,
+``threads-psycopg2``, ``chunked-asyncmy``, ``threads-pymysql``... A kind on a MySQL driver runs on
+MariaDB/MySQL, the others on PostgreSQL; the Kit's ``db`` (tests/servers.py) speaks that server's SQL.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from boundeddb import ChunkedRunner, SemaphoreRunner, ThreadOffloadRunner
 from tests.conftest import Item
+from tests.servers import Database
 
 #: (runner kind, anyio backend): the async runners need asyncio (asyncpg, AsyncSession);
 #: the thread runner works under trio too.
@@ -34,6 +41,30 @@ UVLOOP_IDS = [f"{kind}-uvloop" for kind, _ in UVLOOP_CASES]
 #: The async runners on psycopg 3's async driver (``postgresql+psycopg`` with create_async_engine).
 PSYCOPG_ASYNC_CASES = [("semaphore-psycopg", "asyncio"), ("chunked-psycopg", "asyncio")]
 PSYCOPG_ASYNC_IDS = [f"{kind}-asyncio" for kind, _ in PSYCOPG_ASYNC_CASES]
+#: On MariaDB/MySQL: the async runners on aiomysql and asyncmy (asyncio's drivers), the thread runner
+#: on pymysql (under trio too); tests that take the ``db`` fixture (or a kit) get a database of their
+#: own there.
+MYSQL_CASES = [
+    ("semaphore-aiomysql", "asyncio"),
+    ("semaphore-asyncmy", "asyncio"),
+    ("chunked-aiomysql", "asyncio"),
+    ("chunked-asyncmy", "asyncio"),
+    ("threads-pymysql", "asyncio"),
+    ("threads-pymysql", "trio"),
+]
+MYSQL_IDS = [f"{kind}-{backend}" for kind, backend in MYSQL_CASES]
+#: The async MySQL kinds under uvloop: both drivers, both async runners.
+MYSQL_UVLOOP_CASES = [("semaphore-aiomysql", UVLOOP), ("chunked-asyncmy", UVLOOP)]
+MYSQL_UVLOOP_IDS = [f"{kind}-uvloop" for kind, _ in MYSQL_UVLOOP_CASES]
+
+#: The driver of a kind that names none: asyncpg for the async runners.
+DEFAULT_ASYNC_DRIVER = "asyncpg"
+
+
+def parse_kind(kind: str) -> tuple[str, str]:
+    """(strategy, driver) of a kind: ``"chunked-asyncmy"`` -> ``("chunked", "asyncmy")``."""
+    strategy, _, driver = kind.partition("-")
+    return strategy, driver or DEFAULT_ASYNC_DRIVER
 
 
 def scalar_unit(is_async: bool, statement: Any, params: dict[str, Any]) -> Callable[[Any], Any]:
@@ -78,9 +109,11 @@ class StartGate:
 class Kit:
     """Builds a runner of one kind and units of the matching shape."""
 
-    def __init__(self, kind: str, make_async_engine: Any, make_sync_engine: Any) -> None:
+    def __init__(self, kind: str, db: Database, make_async_engine: Any, make_sync_engine: Any) -> None:
         self.kind = kind
-        self.is_async = not kind.startswith("threads")
+        self.db = db
+        self.strategy, self.driver = parse_kind(kind)
+        self.is_async = self.strategy != "threads"
         self._make_async_engine = make_async_engine
         self._make_sync_engine = make_sync_engine
         self.engine: Any = None
@@ -90,15 +123,12 @@ class Kit:
         pool_size = pool_size or limit
         engine_options = _engine_options(options)
         if self.is_async:
-            if self.kind.endswith("-psycopg"):  # psycopg 3's async driver instead of asyncpg
-                engine_options["driver"] = "psycopg"
-            self.engine = self._make_async_engine(pool_size=pool_size, **engine_options)
+            self.engine = self._make_async_engine(driver=self.driver, pool_size=pool_size, **engine_options)
             sessions: Any = async_sessionmaker(self.engine)
-            if self.kind.startswith("chunked"):
+            if self.strategy == "chunked":
                 return ChunkedRunner(sessions, chunk_size=limit, **options)
             return SemaphoreRunner(sessions, limit=limit, **options)
-        driver = self.kind.removeprefix("threads-")
-        self.engine = self._make_sync_engine(driver, pool_size=pool_size, **engine_options)
+        self.engine = self._make_sync_engine(driver=self.driver, pool_size=pool_size, **engine_options)
         return ThreadOffloadRunner(sessionmaker(self.engine), limit=limit, **options)
 
     @property
@@ -109,13 +139,14 @@ class Kit:
 
     def insert(self, i: int, *, fail: bool = False, sleep: float = 0.0) -> Callable[[Any], Any]:
         """A unit that inserts row ``i`` (and optionally sleeps on the server, then fails)."""
+        pause = text(self.db.sleep)
         if self.is_async:
 
             async def unit(session: AsyncSession) -> int:
                 session.add(Item(key=f"k{i}", unit=i))
                 await session.flush()
                 if sleep:
-                    await session.execute(text("SELECT pg_sleep(CAST(:s AS float))"), {"s": sleep})
+                    await session.execute(pause, {"s": sleep})
                 if fail:
                     raise Boom(i)
                 return i
@@ -126,7 +157,7 @@ class Kit:
             session.add(Item(key=f"k{i}", unit=i))
             session.flush()
             if sleep:
-                session.execute(text("SELECT pg_sleep(CAST(:s AS float))"), {"s": sleep})
+                session.execute(pause, {"s": sleep})
             if fail:
                 raise Boom(i)
             return i
@@ -135,17 +166,18 @@ class Kit:
 
     def select(self, value: int) -> Callable[[Any], Any]:
         """A unit that asks the server for ``value`` back."""
-        return scalar_unit(self.is_async, text("SELECT CAST(:v AS integer)"), {"v": value})
+        return scalar_unit(self.is_async, text(f"SELECT {self.db.integer}"), {"v": value})
 
     def sleep_then_insert(self, i: int, seconds: float, gate: StartGate) -> Callable[[Any], Any]:
         """A unit that inserts row ``i``, reports it started, then sleeps on the server."""
+        pause = text(self.db.sleep)
         if self.is_async:
 
             async def unit(session: AsyncSession) -> int:
                 session.add(Item(key=f"k{i}", unit=i))
                 await session.flush()
                 gate.arrive(from_thread=False)
-                await session.execute(text("SELECT pg_sleep(CAST(:s AS float))"), {"s": seconds})
+                await session.execute(pause, {"s": seconds})
                 return i
 
             return unit
@@ -154,23 +186,23 @@ class Kit:
             session.add(Item(key=f"k{i}", unit=i))
             session.flush()
             gate.arrive(from_thread=True)
-            session.execute(text("SELECT pg_sleep(CAST(:s AS float))"), {"s": seconds})
+            session.execute(pause, {"s": seconds})
             return i
 
         return sync_unit
 
     def map_fn(self) -> Callable[..., Any]:
+        """``fn(session, item)`` for map(): twice the item, from the server."""
+        twice = text(f"SELECT {self.db.integer} * 2")
         if self.is_async:
 
             async def fn(session: AsyncSession, item: int) -> int:
-                return int(
-                    (await session.execute(text("SELECT CAST(:v AS integer) * 2"), {"v": item})).scalar_one()
-                )
+                return int((await session.execute(twice, {"v": item})).scalar_one())
 
             return fn
 
         def sync_fn(session: Session, item: int) -> int:
-            return int(session.execute(text("SELECT CAST(:v AS integer) * 2"), {"v": item}).scalar_one())
+            return int(session.execute(twice, {"v": item}).scalar_one())
 
         return sync_fn
 
@@ -199,6 +231,10 @@ def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
 __all__ = [
     "CASES",
     "CASE_IDS",
+    "MYSQL_CASES",
+    "MYSQL_IDS",
+    "MYSQL_UVLOOP_CASES",
+    "MYSQL_UVLOOP_IDS",
     "Boom",
     "Kit",
     "StartGate",

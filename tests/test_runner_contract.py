@@ -1,4 +1,11 @@
-"""The behaviour contract every runner keeps, checked on the real PostgreSQL."""
+"""
+The behaviour contract every runner keeps, checked on a real PostgreSQL and a real MariaDB (or MySQL).
+
+Each test runs on every kind (tests/kits.py): the PostgreSQL kinds, and the MySQL ones (aiomysql,
+asyncmy, pymysql), which skip with one reason where no MySQL server answers. A test sees its own
+connections through ``kit.db`` (tests/servers.py): pg_stat_activity by application_name, or the
+processlist by the test's own database.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +15,16 @@ from typing import Any
 
 import anyio
 import pytest
-from sqlalchemy.engine import Engine
 
 from boundeddb import Outcome, RunFailed
-from tests.conftest import ActivitySampler, backends, committed_units, idle_in_transaction
+from tests.conftest import PeakSampler
 from tests.kits import (
     CASE_IDS,
     CASES,
+    MYSQL_CASES,
+    MYSQL_IDS,
+    MYSQL_UVLOOP_CASES,
+    MYSQL_UVLOOP_IDS,
     PSYCOPG_ASYNC_CASES,
     PSYCOPG_ASYNC_IDS,
     UVLOOP_CASES,
@@ -25,26 +35,26 @@ from tests.kits import (
     eventually,
 )
 
-pytestmark = [
-    pytest.mark.postgres,
+pytestmark = [  # each case is marked postgres or mysql by its kind (conftest.py)
     pytest.mark.anyio,
     pytest.mark.usefixtures("items_table"),
     pytest.mark.parametrize(
         ("kind", "anyio_backend"),
-        CASES + UVLOOP_CASES + PSYCOPG_ASYNC_CASES,
-        ids=CASE_IDS + UVLOOP_IDS + PSYCOPG_ASYNC_IDS,
+        CASES + UVLOOP_CASES + PSYCOPG_ASYNC_CASES + MYSQL_CASES + MYSQL_UVLOOP_CASES,
+        ids=CASE_IDS + UVLOOP_IDS + PSYCOPG_ASYNC_IDS + MYSQL_IDS + MYSQL_UVLOOP_IDS,
     ),
 ]
 
 
-def assert_no_leaks(kit: Kit, admin: Engine, app_name: str) -> None:
+def assert_no_leaks(kit: Kit) -> None:
     assert kit.pool.checkedout() == 0
     # A connection the runner discarded (a cancelled unit's) is closed by the time the runner returns,
     # but the server may see the close a moment later: psycopg's async driver showed its transaction
     # "idle in transaction" for 1-2 ms. One still there after that was left open.
-    assert eventually(lambda: idle_in_transaction(admin, app_name) == 0, 2)
-    # A cancelled statement may take a moment to leave pg_stat_activity's "active" state.
-    assert eventually(lambda: backends(admin, app_name, state_like="active") == 0)
+    assert eventually(lambda: kit.db.open_transactions() == [], 2), kit.db.open_transactions()
+    # A cancelled statement may take a moment to leave pg_stat_activity's "active" state (MySQL: the
+    # processlist, once boundeddb's KILL QUERY from a side connection has reached the server).
+    assert eventually(lambda: kit.db.running() == 0), kit.db.statements()
 
 
 async def test_values_come_back_in_input_order(kit: Kit) -> None:
@@ -75,22 +85,20 @@ async def test_map_accepts_an_async_iterable(kit: Kit) -> None:
     assert report.values() == [2 * i for i in range(20)]
 
 
-async def test_commit_on_success_rollback_on_failure(kit: Kit, admin: Engine, app_name: str) -> None:
+async def test_commit_on_success_rollback_on_failure(kit: Kit) -> None:
     """A failed unit leaves no rows, and every neighbour's rows are there."""
     runner = kit.runner(limit=5, errors="collect")
     failing = {3, 17, 18, 40}
     report = await runner.run(kit.insert(i, fail=i in failing) for i in range(60))
-    assert committed_units(admin) == [i for i in range(60) if i not in failing]
+    assert kit.db.committed_units() == [i for i in range(60) if i not in failing]
     assert {o.index for o in report.outcomes if not o.ok} == failing
     assert all(isinstance(o.error, Boom) for o in report.failures)
     assert report.stats.failed == len(failing)
     assert report.stats.succeeded == 60 - len(failing)
-    assert_no_leaks(kit, admin, app_name)
+    assert_no_leaks(kit)
 
 
-async def test_errors_raise_stops_starting_drains_and_accounts_for_every_unit(
-    kit: Kit, admin: Engine, app_name: str
-) -> None:
+async def test_errors_raise_stops_starting_drains_and_accounts_for_every_unit(kit: Kit) -> None:
     """errors="raise": no unit starts after the first failure; the report matches the database."""
     runner = kit.runner(limit=4)
     with pytest.raises(RunFailed) as caught:
@@ -101,10 +109,10 @@ async def test_errors_raise_stops_starting_drains_and_accounts_for_every_unit(
     # a few per slot at most, never the rest of the 1,000.
     assert 11 <= started <= 11 + 3 * 4, "units kept starting after the failure was recorded"
     assert [o.index for o in report.outcomes] == list(range(started))
-    assert committed_units(admin) == [o.index for o in report.outcomes if o.ok]
+    assert kit.db.committed_units() == [o.index for o in report.outcomes if o.ok]
     assert [type(e) for e in caught.value.exceptions] == [Boom]
     assert caught.value.exceptions[0] is report.outcomes[10].error
-    assert_no_leaks(kit, admin, app_name)
+    assert_no_leaks(kit)
 
 
 async def test_run_failed_supports_except_star(kit: Kit) -> None:
@@ -170,9 +178,7 @@ async def test_input_is_pulled_lazily(kit: Kit) -> None:
     assert max(ahead) <= limit, ahead
 
 
-async def test_the_bound_holds_for_2000_units(
-    kit: Kit, admin: Engine, app_name: str, sampler: ActivitySampler
-) -> None:
+async def test_the_bound_holds_for_2000_units(kit: Kit, sampler: PeakSampler) -> None:
     """Peak connections <= limit: by the runner's own stats and by pg_stat_activity sampling."""
     limit = 8
     runner = kit.runner(limit=limit, pool_size=limit * 2)
@@ -183,8 +189,8 @@ async def test_the_bound_holds_for_2000_units(
     assert 1 <= report.stats.peak_connections <= limit
     assert sampler.samples > 0
     assert 1 <= sampler.peak <= limit
-    assert len(committed_units(admin)) == 2000
-    assert_no_leaks(kit, admin, app_name)
+    assert len(kit.db.committed_units()) == 2000
+    assert_no_leaks(kit)
 
 
 async def test_stats_are_filled(kit: Kit) -> None:
@@ -200,9 +206,7 @@ async def test_stats_are_filled(kit: Kit) -> None:
     assert all(o.latency_s > 0 and o.wait_s >= 0 and o.attempts == 1 for o in report.outcomes)
 
 
-async def test_outside_cancellation_rolls_back_and_returns_connections(
-    kit: Kit, admin: Engine, app_name: str
-) -> None:
+async def test_outside_cancellation_rolls_back_and_returns_connections(kit: Kit) -> None:
     """Cancelling a run rolls back the units in flight and returns every connection first."""
     limit = 4
     runner = kit.runner(limit=limit)
@@ -212,8 +216,8 @@ async def test_outside_cancellation_rolls_back_and_returns_connections(
             group.start_soon(runner.run, (kit.sleep_then_insert(i, 60, gate) for i in range(100)))
             await gate.event.wait()
             group.cancel_scope.cancel()
-    assert committed_units(admin) == []
-    assert_no_leaks(kit, admin, app_name)
+    assert kit.db.committed_units() == []
+    assert_no_leaks(kit)
 
 
 async def test_stream_yields_in_completion_order_with_bounded_lookahead(kit: Kit) -> None:
@@ -225,7 +229,7 @@ async def test_stream_yields_in_completion_order_with_bounded_lookahead(kit: Kit
     assert seen[0].index != 0, "the slow first unit should not hold back the others"
 
 
-async def test_stream_break_cleans_up(kit: Kit, admin: Engine, app_name: str) -> None:
+async def test_stream_break_cleans_up(kit: Kit) -> None:
     """Leaving a stream early cancels what is in flight and leaks nothing."""
     runner = kit.runner(limit=3)
     outcomes = runner.stream(kit.select(i) for i in itertools.count())
@@ -233,7 +237,7 @@ async def test_stream_break_cleans_up(kit: Kit, admin: Engine, app_name: str) ->
         if outcome.index >= 20:
             break
     await outcomes.aclose()
-    assert_no_leaks(kit, admin, app_name)
+    assert_no_leaks(kit)
 
 
 async def test_stream_raise_mode_raises_after_the_failure(kit: Kit) -> None:
@@ -260,9 +264,7 @@ async def test_submit_returns_the_value_and_raises_the_units_own_exception(kit: 
         await runner.submit(kit.insert(1, fail=True))
 
 
-async def test_500_concurrent_submits_share_the_limit(
-    kit: Kit, admin: Engine, app_name: str, sampler: ActivitySampler
-) -> None:
+async def test_500_concurrent_submits_share_the_limit(kit: Kit, sampler: PeakSampler) -> None:
     """500 tasks submitting at once never exceed the limit and never hit a pool timeout."""
     limit = 10
     runner = kit.runner(limit=limit, pool_timeout=5)
@@ -277,11 +279,11 @@ async def test_500_concurrent_submits_share_the_limit(
                 group.start_soon(caller, i)
     assert sorted(results) == list(range(500))
     assert 1 <= sampler.peak <= limit
-    assert len(committed_units(admin)) == 500
-    assert_no_leaks(kit, admin, app_name)
+    assert len(kit.db.committed_units()) == 500
+    assert_no_leaks(kit)
 
 
-async def test_concurrent_runs_and_submits_share_one_limit(kit: Kit, sampler: ActivitySampler) -> None:
+async def test_concurrent_runs_and_submits_share_one_limit(kit: Kit, sampler: PeakSampler) -> None:
     """Two batches and a stream of submits on one runner together stay within its limit."""
     limit = 5
     runner = kit.runner(limit=limit, pool_size=limit * 3)
@@ -294,9 +296,7 @@ async def test_concurrent_runs_and_submits_share_one_limit(kit: Kit, sampler: Ac
     assert 1 <= sampler.peak <= limit
 
 
-async def test_a_failing_iterable_drains_then_raises_its_own_error(
-    kit: Kit, admin: Engine, app_name: str
-) -> None:
+async def test_a_failing_iterable_drains_then_raises_its_own_error(kit: Kit) -> None:
     """If the input itself raises, units in flight finish, then that exception propagates."""
     runner = kit.runner(limit=3)
 
@@ -306,8 +306,8 @@ async def test_a_failing_iterable_drains_then_raises_its_own_error(
 
     with pytest.raises(KeyError, match="input broke"):
         await runner.run(units())
-    assert committed_units(admin) == list(range(10))
-    assert_no_leaks(kit, admin, app_name)
+    assert kit.db.committed_units() == list(range(10))
+    assert_no_leaks(kit)
 
 
 async def test_repr_shows_limit_and_state(kit: Kit) -> None:

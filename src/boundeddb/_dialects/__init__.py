@@ -12,9 +12,9 @@ import functools
 import importlib
 import pkgutil
 
-from .base import Dialect
+from .base import STATEMENT_ENDED, Dialect
 
-__all__ = ["Dialect", "all_dialects", "for_name"]
+__all__ = ["STATEMENT_ENDED", "Dialect", "all_dialects", "for_name"]
 
 
 @functools.cache

@@ -10,13 +10,14 @@ thread, and a thread's unit cannot be given a per-statement timeout.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
 
 from .._errors import UnitTimeout
 
-__all__ = ["Dialect", "is_socket_error"]
+__all__ = ["STATEMENT_ENDED", "Dialect", "is_socket_error"]
 
 logger = logging.getLogger("boundeddb")
 
@@ -31,6 +32,14 @@ def is_socket_error(error: BaseException | None) -> bool:
     :class:`TimeoutError`, :class:`FileNotFoundError` and :class:`PermissionError` are OSErrors too.
     """
     return isinstance(error, ConnectionError) or type(error) is OSError
+
+
+class StatementEnded(Exception):
+    """Why a connection is discarded when no statement of it still runs on the server (none to stop)."""
+
+
+#: Passed to ``Connection.invalidate()`` for a connection discarded after its statement returned.
+STATEMENT_ENDED = StatementEnded("discarded after its statement's cancellation: no statement running")
 
 
 class Dialect:
@@ -141,6 +150,11 @@ class Dialect:
     def cancel_statement(self, dbapi_connection: Any) -> None:
         """Ask the server to stop the statement running on ``dbapi_connection`` (from another thread)."""
         logger.debug("%s: no way to stop a statement from another thread", self.name)
+
+    def cancel_statements(self, dbapi_connections: Sequence[Any]) -> None:
+        """Stop the statements running on ``dbapi_connections`` (a cancelled run's), one after the other."""
+        for dbapi_connection in dbapi_connections:
+            self.cancel_statement(dbapi_connection)
 
     def _call_cancel(self, dbapi_connection: Any, *methods: str) -> None:
         """Call the first of ``methods`` the DBAPI connection has; the unit may have just finished."""

@@ -8,9 +8,10 @@ another connection.  So a runner on MySQL watches its engine's pool: when a conn
 invalidated (SQLAlchemy discards a connection whose statement was interrupted, and the runner
 discards one on a failed COMMIT or rollback), its statement, if any, is killed from a short-lived
 side connection opened with the engine's own URL (pymysql, in a thread of its own, so that an
-event loop never waits for it); a thread's statement is killed the same way when its run is
-cancelled.  A cancelled connection is never returned to the pool: the async drivers' protocol is
-left mid-reply (asyncmy#103), and SQLAlchemy invalidates it.
+event loop never waits for it); the statements of a cancelled run's threads are killed the same way,
+from one side connection.  A cancelled connection is never returned to the pool: the async drivers'
+protocol is left mid-reply (asyncmy#103), and SQLAlchemy invalidates it; a thread's connection is
+discarded by the runner, since a late KILL QUERY would stop whatever it ran next.
 
 An ``autocommit`` in the engine's URL is refused: SQLAlchemy passes its text to the driver, which
 takes any non-empty string as true, so ``?autocommit=false`` switches autocommit *on*, every statement
@@ -27,13 +28,14 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
-from .base import Dialect
+from .base import STATEMENT_ENDED, Dialect
 
 __all__ = ["DIALECT", "NAMES", "MySQL"]
 
@@ -92,8 +94,11 @@ def _thread_id_now(dbapi_connection: Any) -> int | None:
         return None
 
 
-def kill_query(url: URL, thread_id: int) -> None:
-    """``KILL QUERY thread_id`` from a new pymysql connection to ``url``'s server; failures are logged."""
+def kill_queries(url: URL, thread_ids: Sequence[int]) -> None:
+    """
+    ``KILL QUERY`` each of ``thread_ids`` from one new pymysql connection to ``url``'s server (opening
+    it is most of the cost: tens of milliseconds on a busy server); failures are logged.
+    """
     try:
         import pymysql  # type: ignore[import-untyped,unused-ignore]
     except ImportError:  # pragma: no cover - the mysql extra installs it
@@ -110,16 +115,26 @@ def kill_query(url: URL, thread_id: int) -> None:
         options["unix_socket"] = socket
     try:
         connection = pymysql.connect(**options)
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(f"KILL QUERY {int(thread_id)}")
-        finally:
-            connection.close()
     except Exception as error:
-        if errno(error) != NO_SUCH_THREAD:
-            logger.warning("MySQL: KILL QUERY %d failed: %s", thread_id, error)
+        logger.warning("MySQL: KILL QUERY %s failed: %s", ", ".join(map(str, thread_ids)), error)
         return
-    logger.debug("MySQL: KILL QUERY %d sent", thread_id)
+    try:
+        with connection.cursor() as cursor:
+            for thread_id in thread_ids:
+                try:
+                    cursor.execute(f"KILL QUERY {int(thread_id)}")
+                except Exception as error:
+                    if errno(error) != NO_SUCH_THREAD:
+                        logger.warning("MySQL: KILL QUERY %d failed: %s", thread_id, error)
+                else:
+                    logger.debug("MySQL: KILL QUERY %d sent", thread_id)
+    finally:
+        connection.close()
+
+
+def kill_query(url: URL, thread_id: int) -> None:
+    """``KILL QUERY thread_id`` from a new pymysql connection to ``url``'s server; failures are logged."""
+    kill_queries(url, (thread_id,))
 
 
 class MySQL(Dialect):
@@ -169,7 +184,9 @@ class MySQL(Dialect):
             if (ident := _thread_id_now(dbapi_connection)) is not None:
                 self._ids[key] = ident
 
-        def on_invalidate(dbapi_connection: Any, _record: Any, _exception: BaseException | None) -> None:
+        def on_invalidate(dbapi_connection: Any, _record: Any, exception: BaseException | None) -> None:
+            if exception is STATEMENT_ENDED:  # a thread runner's discard: its statement has returned
+                return
             thread_id = self._thread_id(dbapi_connection)
             if thread_id is not None:  # never block the caller (an event loop): a thread of its own
                 threading.Thread(target=kill_query, args=(url, thread_id), daemon=True).start()
@@ -182,12 +199,20 @@ class MySQL(Dialect):
         return known if known is not None else _thread_id_now(dbapi_connection)
 
     def cancel_statement(self, dbapi_connection: Any) -> None:
-        url = self._urls.get(_key(dbapi_connection))
-        thread_id = self._thread_id(dbapi_connection)
-        if url is None or thread_id is None:
-            logger.debug("MySQL: no way to stop this connection's statement")
-            return
-        kill_query(url, thread_id)
+        self.cancel_statements((dbapi_connection,))
+
+    def cancel_statements(self, dbapi_connections: Sequence[Any]) -> None:
+        """Kill the statements of a cancelled run's threads, from one side connection per server."""
+        thread_ids: dict[URL, list[int]] = {}
+        for dbapi_connection in dbapi_connections:
+            url = self._urls.get(_key(dbapi_connection))
+            thread_id = self._thread_id(dbapi_connection)
+            if url is None or thread_id is None:
+                logger.debug("MySQL: no way to stop this connection's statement")
+                continue
+            thread_ids.setdefault(url, []).append(thread_id)
+        for url, ids in thread_ids.items():
+            kill_queries(url, ids)
 
 
 def _key(dbapi_connection: Any) -> Any:

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import PoolProxiedConnection
 
 from .._core.attempts import CommitUnknown, ConnectFailed, UnitMisuse
-from .._dialects import Dialect
+from .._dialects import STATEMENT_ENDED, Dialect
 from .._errors import UnitTimeout
 
 __all__ = ["AsyncGuard", "SyncGuard", "attempt_async", "attempt_sync"]
@@ -54,7 +54,10 @@ class SyncGuard(Protocol):
     def connecting(self) -> None: ...
     def running(self, dbapi_connection: Any) -> None: ...
     def committing(self) -> None: ...
-    def closing(self) -> None: ...
+    def closing(self) -> bool:
+        """Whether to discard the connection rather than return it to the pool."""
+        ...
+
     def closed(self) -> None: ...
 
 
@@ -247,7 +250,8 @@ def attempt_sync(
             raise
         return value
     finally:
-        guard.closing()
+        if guard.closing():  # a cancellation was sent to its statement: never back to the pool
+            invalidate_sync(connection, STATEMENT_ENDED)
         try:
             close_sync(session, connection)
         finally:
@@ -263,12 +267,12 @@ def close_sync(session: Session, connection: Connection | None) -> None:
         invalidate_sync(connection)
 
 
-def invalidate_sync(connection: Connection | None) -> None:
+def invalidate_sync(connection: Connection | None, reason: BaseException | None = None) -> None:
     """Discard ``connection`` from the pool: neither leaked nor returned mid-transaction."""
     if connection is None:
         return
     try:
-        connection.invalidate()
+        connection.invalidate(reason)
     except Exception as error:  # already closed or gone: nothing left to return
         logger.debug(_INVALIDATE_FAILED, type(error).__qualname__)
 

@@ -14,9 +14,11 @@ Nothing here touches an anyio primitive from a worker thread: a lane reads the l
 
 A thread cannot be interrupted. When the run is cancelled, each worker's :class:`Handle` is
 cancelled: the statement running in it is stopped on the server (the dialect's way: psycopg's
-``cancel()``, SQLite's ``interrupt()``), and the unit is not committed whatever it does next —
-unless its COMMIT had already begun, which is left to finish. The cancellation propagates once
-every thread is done and every connection is back.
+``cancel()``, SQLite's ``interrupt()``, MySQL's ``KILL QUERY``), and the unit is not committed
+whatever it does next — unless its COMMIT had already begun, which is left to finish. A connection
+whose statement was sent a cancellation is discarded, not returned to the pool: the request may land
+late, and would stop whatever the connection runs by then, another caller's unit. The cancellation
+propagates once every thread is done and every connection is back.
 """
 
 from __future__ import annotations
@@ -66,13 +68,15 @@ _STOPPED: Any = object()
 class Handle:
     """The guard of one worker's attempts in threads, and how a cancellation reaches them."""
 
-    __slots__ = ("_dbapi", "_dialect", "_lock", "_state", "cancelled")
+    __slots__ = ("_dbapi", "_dialect", "_lock", "_state", "_stopping_statement", "cancelled")
 
     def __init__(self, dialect: Dialect) -> None:
         self._dialect = dialect
         self._lock = threading.Lock()
         self._state = _IDLE
         self._dbapi: Any = None
+        #: A cancellation was sent (or is on its way) to the statement of this attempt's connection.
+        self._stopping_statement = False
         self.cancelled = False
 
     # -- the guard (in the worker thread) ------------------------------------------------------------
@@ -95,9 +99,16 @@ class Handle:
                 raise Stopped
             self._state, self._dbapi = _COMMITTING, None  # from here on a COMMIT is not interrupted
 
-    def closing(self) -> None:
+    def closing(self) -> bool:
+        """
+        Whether the connection must be discarded: its statement's cancellation may still be on its way
+        (psycopg's cancel request, MySQL's KILL QUERY from a side connection), and would stop whatever
+        statement the connection runs when it lands, another unit's if it went back to the pool.
+        """
         with self._lock:
             self._state, self._dbapi = _IDLE, None
+            discard, self._stopping_statement = self._stopping_statement, False
+            return discard
 
     def closed(self) -> None:
         pass
@@ -105,10 +116,16 @@ class Handle:
     # -- the run's cancellation (on the event loop) --------------------------------------------------
 
     def cancel(self) -> Any:
-        """Mark the handle cancelled; the DBAPI connection whose statement must be stopped, if any."""
+        """
+        Mark the handle cancelled; the DBAPI connection whose statement must be stopped, if any (the
+        connection is then discarded when the attempt ends, see :meth:`closing`).
+        """
         with self._lock:
             self.cancelled = True
-            return self._dbapi if self._state == _RUNNING else None
+            if self._state != _RUNNING:
+                return None
+            self._stopping_statement = True
+            return self._dbapi
 
 
 class ThreadWorker(Worker):
@@ -280,14 +297,9 @@ class ThreadTeam:
             logger.debug(
                 "run cancelled: stopping %d statement(s) of %d worker(s)", len(busy), len(self._workers)
             )
-            await anyio.to_thread.run_sync(_cancel_all, self._dialect, busy)
+            await anyio.to_thread.run_sync(self._dialect.cancel_statements, busy)
             await anyio.sleep(CANCEL_AGAIN_S)
         logger.debug("run cancelled: no statement of its %d workers left to stop", len(self._workers))
-
-
-def _cancel_all(dialect: Dialect, dbapi_connections: list[Any]) -> None:
-    for dbapi_connection in dbapi_connections:
-        dialect.cancel_statement(dbapi_connection)
 
 
 async def _when_cancelled(callback: Callable[[], Awaitable[None]], finished: Callable[[], bool]) -> NoReturn:
