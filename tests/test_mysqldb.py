@@ -213,11 +213,12 @@ async def test_a_cancelled_run_kills_its_statements(
 async def test_a_unit_over_its_timeout_is_rolled_back(
     engine: Engine, admin: Engine, table: str, marker: str
 ) -> None:
-    """timeout=0.5 on a 1 s unit: it runs to its end (a thread), is rolled back, fails with UnitTimeout."""
+    """timeout=0.5 on a unit in SLEEP(30): the watchdog's KILL QUERY stops it; rolled back, UnitTimeout."""
     runner = ThreadOffloadRunner(sessionmaker(engine), limit=2, errors="collect", timeout=0.5)
-    report = await runner.run(
-        [unit(table, marker, 0), unit(table, marker, 1, sleep=1.0), unit(table, marker, 2)]
-    )
+    with anyio.fail_after(20):
+        report = await runner.run(
+            [unit(table, marker, 0), unit(table, marker, 1, sleep=30.0), unit(table, marker, 2)]
+        )
     assert isinstance(report.outcomes[1].error, UnitTimeout)
     assert rows(admin, table) == [0, 2]
     assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]

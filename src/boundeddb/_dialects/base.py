@@ -136,6 +136,9 @@ class Dialect:
 
     # -- stopping statements ------------------------------------------------------------------------
 
+    #: Whether :meth:`cancel_statement` can stop a statement from another thread.
+    stops_statements = False
+
     def watch(self, engine: Any) -> None:
         """Set up what this database needs on a runner's engine (once per pool); nothing by default."""
 

@@ -139,6 +139,7 @@ def kill_query(url: URL, thread_id: int) -> None:
 
 class MySQL(Dialect):
     name = "mysql"
+    stops_statements = True
 
     def __init__(self) -> None:
         #: The URL of the engine each DBAPI connection came from, for the side connection.

@@ -52,6 +52,7 @@ def sqlstate(error: BaseException | None) -> str | None:
 
 class PostgreSQL(Dialect):
     name = "postgresql"
+    stops_statements = True
 
     def _is_lost(self, orig: BaseException) -> bool:
         code = sqlstate(orig)

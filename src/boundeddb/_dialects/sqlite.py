@@ -13,6 +13,7 @@ NAMES = ("sqlite",)
 
 class SQLite(Dialect):
     name = "sqlite"
+    stops_statements = True
 
     def cancel_statement(self, dbapi_connection: Any) -> None:
         self._call_cancel(dbapi_connection, "interrupt")

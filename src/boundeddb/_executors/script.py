@@ -31,7 +31,7 @@ from .._core.attempts import CommitUnknown, ConnectFailed, UnitMisuse
 from .._dialects import STATEMENT_ENDED, Dialect
 from .._errors import UnitTimeout
 
-__all__ = ["AsyncGuard", "SyncGuard", "attempt_async", "attempt_sync"]
+__all__ = ["AsyncGuard", "DeadlinePassed", "SyncGuard", "attempt_async", "attempt_sync"]
 
 logger = logging.getLogger("boundeddb")
 
@@ -48,8 +48,14 @@ class AsyncGuard(Protocol):
     def closed(self) -> None: ...
 
 
+class DeadlinePassed(Exception):
+    """A sync guard refuses to commit: the unit's statement was stopped at its timeout (by a watchdog)."""
+
+
 class SyncGuard(Protocol):
     cancelled: bool
+    #: The unit's statement was stopped at its timeout: the attempt fails with UnitTimeout.
+    timed_out: bool
 
     def connecting(self) -> None: ...
     def running(self, dbapi_connection: Any) -> None: ...
@@ -216,8 +222,9 @@ def attempt_sync(
             value = unit(session)
         except Exception as error:
             dialect.note_lost_connection(error, dbapi_connection)
-            if timeout is not None and not guard.cancelled and dialect.is_statement_timeout(error):
-                raise UnitTimeout(index, timeout) from error
+            if timeout is not None and (guard.timed_out or dialect.is_statement_timeout(error)):  # noqa: SIM102
+                if not guard.cancelled:  # a cancelled run's stop is not the unit's timeout
+                    raise UnitTimeout(index, timeout) from error
             raise
         if inspect.isawaitable(value):
             if inspect.iscoroutine(value):
@@ -229,7 +236,7 @@ def attempt_sync(
             raise UnitMisuse(msg)
         if session.get_transaction() is not transaction:
             raise UnitMisuse(ended_transaction_message(index))
-        if timeout is not None and perf_counter() - started > timeout:
+        if timeout is not None and (guard.timed_out or perf_counter() - started > timeout):
             raise UnitTimeout(index, timeout)
         xid = None
         if xid_sql is not None:
@@ -238,7 +245,11 @@ def attempt_sync(
             except Exception as error:  # before COMMIT: a failure like any of the unit's own
                 dialect.note_lost_connection(error, dbapi_connection)
                 raise
-        guard.committing()
+        try:
+            guard.committing()
+        except DeadlinePassed:
+            assert timeout is not None  # only a watchdog, set up for a timeout, passes a deadline
+            raise UnitTimeout(index, timeout) from None
         try:
             session.commit()
         except Exception as error:

@@ -18,7 +18,8 @@ cancelled: the statement running in it is stopped on the server (the dialect's w
 whatever it does next — unless its COMMIT had already begun, which is left to finish. A connection
 whose statement was sent a cancellation is discarded, not returned to the pool: the request may land
 late, and would stop whatever the connection runs by then, another caller's unit. The cancellation
-propagates once every thread is done and every connection is back.
+propagates once every thread is done and every connection is back. A unit's ``timeout`` is kept the
+same way where the server cannot be told one (``watchdog.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import threading
 from collections.abc import Awaitable, Callable
 from time import perf_counter
@@ -44,8 +46,9 @@ from .._core.pacing import Body, Worker, serve_one
 from .._core.run import REFUSED, Run
 from .._dialects import Dialect
 from .._outcome import Outcome
-from .script import attempt_sync
+from .script import DeadlinePassed, attempt_sync
 from .verify import CommitVerifier, verified_sync
+from .watchdog import Watchdog
 
 __all__ = ["Handle", "ThreadExecutor", "ThreadWorker"]
 
@@ -66,11 +69,22 @@ _STOPPED: Any = object()
 
 
 class Handle:
-    """The guard of one worker's attempts in threads, and how a cancellation reaches them."""
+    """The guard of one worker's attempts in threads, and how a cancellation or a timeout reaches them."""
 
-    __slots__ = ("_dbapi", "_dialect", "_lock", "_state", "_stopping_statement", "cancelled")
+    __slots__ = (
+        "__weakref__",
+        "_dbapi",
+        "_dialect",
+        "_lock",
+        "_state",
+        "_stopping_statement",
+        "_watchdog",
+        "cancelled",
+        "deadline",
+        "timed_out",
+    )
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, watchdog: Watchdog | None = None) -> None:
         self._dialect = dialect
         self._lock = threading.Lock()
         self._state = _IDLE
@@ -78,6 +92,13 @@ class Handle:
         #: A cancellation was sent (or is on its way) to the statement of this attempt's connection.
         self._stopping_statement = False
         self.cancelled = False
+        #: When the watchdog stops this attempt's statement (``perf_counter()``); ``inf``: never.
+        self.deadline = math.inf
+        #: The watchdog found this attempt past its deadline: it fails with UnitTimeout, never commits.
+        self.timed_out = False
+        self._watchdog = watchdog
+        if watchdog is not None:
+            watchdog.adopt(self)
 
     # -- the guard (in the worker thread) ------------------------------------------------------------
 
@@ -85,19 +106,28 @@ class Handle:
         with self._lock:
             if self.cancelled:
                 raise Stopped
-            self._state = _CONNECTING
+            self._state, self.timed_out = _CONNECTING, False
 
     def running(self, dbapi_connection: Any) -> None:
         with self._lock:
             if self.cancelled:
                 raise Stopped
             self._state, self._dbapi = _RUNNING, dbapi_connection
+        if (watchdog := self._watchdog) is not None:
+            self.deadline = perf_counter() + watchdog.timeout
+            watchdog.wake()
 
     def committing(self) -> None:
         with self._lock:
             if self.cancelled:  # cancelled while the unit ran: whatever it did after, roll back
                 raise Stopped
-            self._state, self._dbapi = _COMMITTING, None  # from here on a COMMIT is not interrupted
+            if self.timed_out:  # its statement was sent a KILL QUERY that may land on the COMMIT
+                raise DeadlinePassed
+            self._state, self._dbapi, self.deadline = (
+                _COMMITTING,
+                None,
+                math.inf,
+            )  # a COMMIT is not interrupted
 
     def closing(self) -> bool:
         """
@@ -106,14 +136,14 @@ class Handle:
         statement the connection runs when it lands, another unit's if it went back to the pool.
         """
         with self._lock:
-            self._state, self._dbapi = _IDLE, None
+            self._state, self._dbapi, self.deadline = _IDLE, None, math.inf
             discard, self._stopping_statement = self._stopping_statement, False
             return discard
 
     def closed(self) -> None:
         pass
 
-    # -- the run's cancellation (on the event loop) --------------------------------------------------
+    # -- the run's cancellation (on the event loop) and the watchdog (in its thread) -------------------
 
     def cancel(self) -> Any:
         """
@@ -125,6 +155,18 @@ class Handle:
             if self._state != _RUNNING:
                 return None
             self._stopping_statement = True
+            return self._dbapi
+
+    def time_out(self, now: float) -> Any:
+        """
+        If the attempt's statement is past its deadline: mark it timed out and return its DBAPI
+        connection, whose statement is to be stopped (again in :data:`CANCEL_AGAIN_S`, if it still runs).
+        """
+        with self._lock:
+            if self._state != _RUNNING or now < self.deadline:
+                return None
+            self.timed_out = self._stopping_statement = True
+            self.deadline = now + CANCEL_AGAIN_S
             return self._dbapi
 
 
@@ -166,6 +208,14 @@ class ThreadExecutor:
         else:
             self._script = functools.partial(attempt_sync, sessions, dialect, timeout, None)
         self._max_threads = max_threads
+        #: Where the server cannot be told a statement timeout, a watchdog stops the statement itself.
+        self._watchdog = (
+            Watchdog(dialect, timeout)
+            if timeout is not None
+            and dialect.stops_statements
+            and dialect.statement_timeout_sql(timeout) is None
+            else None
+        )
         self._threads: tuple[object, anyio.CapacityLimiter] | None = None
         self._last_checked: object = None
 
@@ -187,7 +237,7 @@ class ThreadExecutor:
         return None
 
     def worker(self, slot: Slot) -> ThreadWorker:
-        return ThreadWorker(slot, Handle(self._dialect))
+        return ThreadWorker(slot, Handle(self._dialect, self._watchdog))
 
     def _thread_limiter(self) -> anyio.CapacityLimiter:
         """The runner's own CapacityLimiter on this event loop (not anyio's default of 40)."""
