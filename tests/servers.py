@@ -15,8 +15,10 @@ of its own:
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 import time
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from sqlalchemy import exc as sa_exc
@@ -272,3 +274,20 @@ def _threads_in_transaction(innodb_status: str) -> set[int]:
         if started and (match := _THREAD_ID.search(body)):
             threads.add(int(match[1]))
     return threads
+
+
+@contextlib.contextmanager
+def mysql_row_locked(admin: Engine, table: str) -> Iterator[None]:
+    """
+    Hold row 1 of ``table`` (MySQL/MariaDB) in an open transaction of ``admin``: a unit's UPDATE of
+    it waits (up to 50 s). Unlike SLEEP(), which MariaDB ends soon after the client goes away, a lock
+    wait goes on whatever happens to the client: only a KILL QUERY (or the lock's release) ends it.
+    """
+    with admin.connect() as c:
+        c.execute(text("SET SESSION autocommit = 0"))
+        c.execute(text(f"SELECT n FROM {table} WHERE id = 1 FOR UPDATE"))
+        try:
+            yield
+        finally:
+            c.execute(text("ROLLBACK"))
+            c.execute(text("SET SESSION autocommit = 1"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from boundeddb import RetryPolicy, UnitTimeout, is_transient
 from tests.conftest import Item
 from tests.kits import MYSQL_CASES, MYSQL_IDS, Kit, eventually
-from tests.servers import MariaDB
+from tests.servers import MariaDB, mysql_row_locked
 
 pytestmark = [pytest.mark.mysql, pytest.mark.usefixtures("collect_garbage")]
 
@@ -43,23 +43,12 @@ def locks(mysql_db: MariaDB) -> None:
         c.execute(text(f"INSERT INTO `{mysql_db.database}`.locks VALUES (1, 0)"))
 
 
-@contextlib.contextmanager
-def row_locked(db: MariaDB) -> Iterator[None]:
+def row_locked(db: MariaDB) -> contextlib.AbstractContextManager[None]:
     """
-    Hold the ``locks`` row in an open transaction: a unit's UPDATE of it waits (up to 50 s).
-
-    Unlike SLEEP(), which MariaDB ends soon after the client goes away, a lock wait goes on whatever
-    happens to the client: only a KILL QUERY (or the lock's release) ends it. The admin connection
-    has no current database, so it is not one of the test's connections.
+    Hold the ``locks`` row in an open transaction: a unit's UPDATE of it waits (up to 50 s). The
+    admin connection has no current database, so it is not one of the test's connections.
     """
-    with db.admin.connect() as c:
-        c.execute(text("SET SESSION autocommit = 0"))
-        c.execute(text(f"SELECT n FROM `{db.database}`.locks WHERE id = 1 FOR UPDATE"))
-        try:
-            yield
-        finally:
-            c.execute(text("ROLLBACK"))
-            c.execute(text("SET SESSION autocommit = 1"))
+    return mysql_row_locked(db.admin, f"`{db.database}`.locks")
 
 
 def unit(

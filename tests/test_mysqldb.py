@@ -12,7 +12,6 @@ is ``$BOUNDEDDB_TEST_MYSQL_URL`` (default: the local ``mysql://root@127.0.0.1:33
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import threading
 from collections.abc import Callable, Iterator
@@ -22,51 +21,31 @@ import anyio
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.engine import URL, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from boundeddb import RetryPolicy, ThreadOffloadRunner, UnitTimeout, is_transient
 from tests.conftest import PeakSampler
 from tests.kits import eventually
+from tests.servers import mysql_row_locked
 
 MySQLdb = pytest.importorskip(
     "MySQLdb",
     reason="mysqlclient is not installed (it builds against libmariadb-dev and pkg-config; "
     "noxfile.py installs it where they are found)",
 )
-pymysql = pytest.importorskip("pymysql", reason="the MySQL drivers are in the test extra (boundeddb[mysql])")
-
-DEFAULT_URL = "mysql://root@127.0.0.1:3306/test"
-SERVER = make_url(os.environ.get("BOUNDEDDB_TEST_MYSQL_URL", DEFAULT_URL)).set(drivername="mysql")
-
-
-def _answers(url: URL) -> bool:
-    try:
-        pymysql.connect(
-            host=url.host,
-            port=url.port or 3306,
-            user=url.username,
-            password=url.password or "",
-            connect_timeout=3,
-        ).close()
-    except Exception:
-        return False
-    return True
-
 
 pytestmark = [
-    pytest.mark.skipif(
-        not _answers(SERVER),
-        reason=f"no MySQL/MariaDB server answers at {SERVER.render_as_string(hide_password=True)} "
-        "(set BOUNDEDDB_TEST_MYSQL_URL; .ci/run starts the local MariaDB)",
-    ),
+    pytest.mark.mysql,
     pytest.mark.usefixtures("collect_garbage"),
 ]
 
 
 @pytest.fixture
-def admin() -> Iterator[Engine]:
-    engine = create_engine(SERVER.set(drivername="mysql+pymysql"), isolation_level="AUTOCOMMIT", pool_size=2)
+def admin(mysql_server: URL) -> Iterator[Engine]:
+    engine = create_engine(
+        mysql_server.set(drivername="mysql+pymysql"), isolation_level="AUTOCOMMIT", pool_size=2
+    )
     yield engine
     engine.dispose()
 
@@ -94,23 +73,15 @@ def table(admin: Engine, marker: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def engine() -> Iterator[Engine]:
-    made = create_engine(SERVER.set(drivername="mysql+mysqldb"), pool_size=4, max_overflow=0)
+def engine(mysql_server: URL) -> Iterator[Engine]:
+    made = create_engine(mysql_server.set(drivername="mysql+mysqldb"), pool_size=4, max_overflow=0)
     yield made
     made.dispose()
 
 
-@contextlib.contextmanager
-def row_locked(admin: Engine, marker: str) -> Iterator[None]:
+def row_locked(admin: Engine, marker: str) -> contextlib.AbstractContextManager[None]:
     """Hold the lock table's row in an open transaction: a unit's UPDATE of it waits (up to 50 s)."""
-    with admin.connect() as c:
-        c.execute(text("SET SESSION autocommit = 0"))
-        c.execute(text(f"SELECT n FROM {marker}_lock WHERE id = 1 FOR UPDATE"))
-        try:
-            yield
-        finally:
-            c.execute(text("ROLLBACK"))
-            c.execute(text("SET SESSION autocommit = 1"))
+    return mysql_row_locked(admin, f"{marker}_lock")
 
 
 def marked(admin: Engine, marker: str) -> list[tuple[int, str]]:
@@ -300,11 +271,12 @@ def test_mysqlclient_errors_are_classified() -> None:
 
 
 def test_mysqlclient_refuses_thread_id_while_another_thread_runs_a_statement(
-    admin: Engine, marker: str
+    mysql_server: URL, admin: Engine, marker: str
 ) -> None:
     """Why the runner reads a connection's id when it is made: asked while busy, mysqlclient raises."""
+    server = mysql_server
     conn = MySQLdb.connect(
-        host=SERVER.host, port=SERVER.port or 3306, user=SERVER.username, password=SERVER.password or ""
+        host=server.host, port=server.port or 3306, user=server.username, password=server.password or ""
     )
     busy = threading.Thread(target=lambda: conn.cursor().execute(f"SELECT /* {marker} */ SLEEP(1)"))
     busy.start()
