@@ -23,13 +23,12 @@ import threading
 import time
 import weakref
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .._dialects import Dialect
-    from .threads import Handle
 
-__all__ = ["Watchdog"]
+__all__ = ["Watchdog", "Watched"]
 
 logger = logging.getLogger("boundeddb")
 
@@ -38,6 +37,17 @@ MIN_TICK_S = 0.005
 MAX_TICK_S = 0.05
 #: How long the thread waits with no deadline to watch before it ends (a new deadline starts another).
 IDLE_S = 1.0
+
+
+class Watched(Protocol):
+    """A worker's handle (``threads.Handle``), as the watchdog sees it."""
+
+    #: When the attempt's statement is to be stopped (``perf_counter()``); ``inf``: never.
+    deadline: float
+
+    def time_out(self, now: float) -> Any:
+        """Mark the attempt timed out if it is past its deadline; the DBAPI connection to stop, if any."""
+        ...
 
 
 class Watchdog:
@@ -49,11 +59,11 @@ class Watchdog:
         self._dialect = dialect
         self.timeout = timeout
         self._tick = min(MAX_TICK_S, max(MIN_TICK_S, timeout / 20))
-        self._handles: weakref.WeakSet[Handle] = weakref.WeakSet()
+        self._handles: weakref.WeakSet[Watched] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def adopt(self, handle: Handle) -> None:
+    def adopt(self, handle: Watched) -> None:
         """Watch ``handle``'s attempts from now on (for as long as the handle lives)."""
         with self._lock:
             self._handles.add(handle)
@@ -68,7 +78,7 @@ class Watchdog:
                     )
                     self._thread.start()
 
-    def _armed(self) -> tuple[Handle, ...]:
+    def _armed(self) -> tuple[Watched, ...]:
         with self._lock:
             return tuple(handle for handle in self._handles if handle.deadline != math.inf)
 
