@@ -218,7 +218,7 @@ class Bench:
         self.controller = LimitController(self.limiter, low=low, high=high, initial=initial)
         self.now = 0.0
         self.controller.adjust(self.now)  # the first look starts the first window
-        self.window(1.0)  # the first window's latency is the base until the first probe
+        self.window(1.0, in_flight=1)  # the base until the first probe (not filled: no climb yet)
         self.controller._next_probe = float("inf")  # no probe unless a test asks for one
         self.controller._rtt = None  # nor smoothing with that first window
 
@@ -335,3 +335,30 @@ def test_the_first_probe_comes_a_second_into_the_run() -> None:
             probed_at = now
     assert probed_at is not None
     assert 101.0 <= probed_at < 101.25
+
+
+def test_the_first_window_sets_the_base_and_the_climb_starts_with_it() -> None:
+    """Units that fill the initial limit: the first window (the base) already doubles the limit."""
+    limiter = Limiter(4)
+    controller = LimitController(limiter, low=1, high=20, initial=4)
+    controller.adjust(0.0)
+    feed(limiter, controller, [0.020] * 32, 4)
+    controller.adjust(0.125)
+    assert controller.base_s == pytest.approx(0.020)
+    assert limiter.limit == 8
+
+
+def test_a_probe_that_finds_another_database_forgets_the_throughput_measured_before() -> None:
+    """Base latency doubled (a neighbour): what limit 8 gave before no longer licenses a fall."""
+    bench = Bench(initial=16)
+    bench.controller._throughput = {8: (20_000.0, bench.now)}  # before the neighbour
+    bench.controller._next_probe = bench.now  # a probe is due
+    bench.window(1.0)  # starts it: the limit drops to 4 and drains
+    assert bench.controller.probing
+    bench.window(2.0, in_flight=4)  # drained: the probe's window follows
+    bench.window(2.0, in_flight=4)  # the probe's latency: 2 ms, twice the base before
+    assert not bench.controller.probing
+    assert bench.controller.base_s == pytest.approx(0.002)
+    assert set(bench.controller._throughput) == {4}  # 4 in flight at 2 ms: 2,000 units/s
+    assert bench.window(2.4, in_flight=8) == 16  # not filled: no climb
+    assert bench.window(6.0) == 16  # 16 at 6 ms: 2,670 units/s; limit 4 gave 2,000: no fall

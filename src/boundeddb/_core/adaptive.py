@@ -28,16 +28,19 @@ re-measured as Envoy's adaptive concurrency filter does:
   flight / mean latency) is kept per limit for :data:`THROUGHPUT_MEMORY_S`; a fall is taken only
   if a limit at or below the new one was measured at no less than ``1 - FALL_COST`` of the
   throughput now (or none was measured). Units that mostly wait on a loaded client see latency
-  grow while throughput still grows: the limit stays up.
+  grow while throughput still grows: the limit stays up. A probe that finds the base latency
+  changed by more than :data:`CHANGED` forgets the throughputs measured before (a neighbour came
+  or went: they were another database's).
 - A sign of overload (a timeout, a pool timeout, a deadlock or serialization failure) cuts the
   limit by a quarter at once, at most once per window.
 - ``base`` is measured in a *probe*: for one window the limit drops to the probe limit (a quarter
   of the limit, at least 2, within the bounds), and the mean latency there becomes ``base``.
   Until the first probe, :data:`FIRST_PROBE_S` into the first run, that run's first window (at the
-  initial limit) stands in; then a probe runs every :data:`PROBE_INTERVAL_S`, so that a database
-  that became slower for everyone raises ``base`` (it is not overload) and one that became faster
-  lowers it. No probe runs while the limit is at its ceiling: it could not move the limit up, and
-  it costs units that mostly wait the most (a faster database there lowers ``base`` directly).
+  initial limit, where the climb starts at once) stands in; then a probe runs every
+  :data:`PROBE_INTERVAL_S`, so that a database that became slower for everyone raises ``base`` (it
+  is not overload) and one that became faster lowers it. No probe runs while the limit is at its
+  ceiling: it could not move the limit up, and it costs units that mostly wait the most (a faster
+  database there lowers ``base`` directly).
   A probe also starts at once when :data:`FASTER_WINDOWS` windows in a row have a latency below
   ``0.75 * base`` (the database got faster: without it, the stale ``base`` would let the limit
   climb to the ceiling), or when the latency stays above ``2.5 * base`` at the probe limit itself
@@ -90,6 +93,8 @@ BACKOFF = 0.75
 #: throughput now, as measured in the last THROUGHPUT_MEMORY_S seconds (or none was measured).
 FALL_COST = 0.05
 THROUGHPUT_MEMORY_S = PROBE_INTERVAL_S
+#: A probe whose latency is more than this factor off the base before forgets those throughputs.
+CHANGED = 1.25
 #: The most (seconds since start, limit) points a trace keeps; then every other point is dropped.
 TRACE_POINTS = 512
 
@@ -222,9 +227,8 @@ class LimitController:
             return
         base = self._base
         if base is None:  # the first window: a first base, at the initial limit; a probe follows
-            self._base = self._rtt = mean
+            self._base = base = mean
             self._next_probe = started + FIRST_PROBE_S
-            return
         rtt = mean if self._rtt is None else SMOOTHING * mean + (1 - SMOOTHING) * self._rtt
         self._rtt = rtt
         ratio = rtt / base if base > 0 else 1.0
@@ -320,6 +324,10 @@ class LimitController:
 
     def _end_probe(self, mean: float, now: float) -> None:
         self._probing = False
+        old = self._base
+        if old is not None and not old / CHANGED <= mean <= old * CHANGED:
+            # The database changed for everyone: throughput measured before says nothing now.
+            self._throughput = {self._probe_limit: self._throughput[self._probe_limit]}
         self._base = mean
         self._next_probe = now + PROBE_INTERVAL_S
         logger.debug("auto limit: latency at low concurrency %.2f ms", mean * 1e3)
