@@ -349,16 +349,23 @@ def test_the_first_window_sets_the_base_and_the_climb_starts_with_it() -> None:
 
 
 def test_a_probe_that_finds_another_database_forgets_the_throughput_measured_before() -> None:
-    """Base latency doubled (a neighbour): what limit 8 gave before no longer licenses a fall."""
+    """Base latency halved (a neighbour left): what limit 8 gave before no longer holds a fall back."""
     bench = Bench(initial=16)
-    bench.controller._throughput = {8: (20_000.0, bench.now)}  # before the neighbour
+    bench.controller._throughput = {8: (1_000.0, bench.now)}  # while the neighbour ran
     bench.controller._next_probe = bench.now  # a probe is due
     bench.window(1.0)  # starts it: the limit drops to 4 and drains
     assert bench.controller.probing
-    bench.window(2.0, in_flight=4)  # drained: the probe's window follows
-    bench.window(2.0, in_flight=4)  # the probe's latency: 2 ms, twice the base before
+    bench.window(0.5, in_flight=4)  # drained: the probe's window follows
+    bench.window(0.5, in_flight=4)  # the probe's latency: 0.5 ms, half the base before
     assert not bench.controller.probing
-    assert bench.controller.base_s == pytest.approx(0.002)
-    assert set(bench.controller._throughput) == {4}  # 4 in flight at 2 ms: 2,000 units/s
-    assert bench.window(2.4, in_flight=8) == 16  # not filled: no climb
-    assert bench.window(6.0) == 16  # 16 at 6 ms: 2,670 units/s; limit 4 gave 2,000: no fall
+    assert bench.controller.base_s == pytest.approx(0.0005)
+    assert set(bench.controller._throughput) == {4}
+    assert bench.window(1.0, in_flight=8) == 16  # 2x: in the band
+    assert bench.window(2.0) == 12  # smoothed, 3x: falls (limit 8 at 1,000 units/s would hold it)
+
+
+def test_a_fall_is_weighed_only_against_limits_above_half_the_new_one() -> None:
+    """Limit 2 gave less than 16 does now, but says nothing about 12: the fall is taken."""
+    bench = Bench(initial=16)
+    bench.controller._throughput = {2: (1_000.0, bench.now)}
+    assert bench.window(3.0) == 12

@@ -26,8 +26,8 @@ re-measured as Envoy's adaptive concurrency filter does:
   units of queue) gives away throughput that a user who asks for "auto" expects.
 - A fall must not cost throughput: each window's throughput by Little's law (mean units in
   flight / mean latency) is kept per limit for :data:`THROUGHPUT_MEMORY_S`; a fall is taken only
-  if a limit at or below the new one was measured at no less than ``1 - FALL_COST`` of the
-  throughput now (or none was measured). Units that mostly wait on a loaded client see latency
+  if a limit at or below the new one (but above half of it) was measured at no less than
+  ``1 - FALL_COST`` of the throughput now, or none was. Units that mostly wait on a loaded client see latency
   grow while throughput still grows: the limit stays up. A probe that finds the base latency
   changed by more than :data:`CHANGED` forgets the throughputs measured before (a neighbour came
   or went: they were another database's).
@@ -277,11 +277,14 @@ class LimitController:
         return samples, loads
 
     def _costs_throughput(self, lower: int, throughput: float, now: float) -> bool:
-        """Whether each limit up to ``lower`` measured lately gave under 1 - FALL_COST of ``throughput``."""
+        """
+        Whether the limits in ``(lower / 2, lower]`` measured lately all gave under 1 - FALL_COST of
+        ``throughput`` (a limit far below says little about ``lower``: throughput grows with it).
+        """
         known = [
             seen
             for limit, (seen, when) in self._throughput.items()
-            if limit <= lower and now - when <= THROUGHPUT_MEMORY_S
+            if lower / 2 < limit <= lower and now - when <= THROUGHPUT_MEMORY_S
         ]
         return bool(known) and max(known) < (1 - FALL_COST) * throughput
 
