@@ -171,6 +171,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="rounds of the auto-limit scenario's comparisons, order alternating (default 3)",
     )
     p.add_argument(
+        "--sweep-passes",
+        type=int,
+        default=1,
+        metavar="K",
+        help="passes of the limit sweep, order of the limits alternating; auto-limit's best fixed "
+        "limit is the one with the most ops/s on average over them (default 1)",
+    )
+    p.add_argument(
         "--instructions-pair",
         action="append",
         choices=list(overhead.PAIRS),
@@ -229,6 +237,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         or n < 2
         or args.overhead_rounds < 1
         or args.auto_rounds < 1
+        or args.sweep_passes < 1
         or args.post_002_rounds < 1
         or args.rounds < 1
     ):
@@ -278,6 +287,7 @@ def environment(args: argparse.Namespace, db: Database | MySQLDatabase) -> dict[
         "loop_lag_requests": args.loop_lag_requests,
         "overhead_rounds": args.overhead_rounds,
         "auto_rounds": args.auto_rounds,
+        "sweep_passes": args.sweep_passes,
         "post_002_rounds": args.post_002_rounds,
         "rounds": args.rounds,
         "overhead_n": min(args.n, overhead.MAX_OPS),
@@ -375,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             loop_lag_requests=args.loop_lag_requests,
             overhead_rounds=args.overhead_rounds,
             auto_rounds=args.auto_rounds,
+            sweep_passes=args.sweep_passes,
             post_002_rounds=args.post_002_rounds,
             instructions_pairs=tuple(args.instructions_pair or overhead.PAIRS),
             progress=progress,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -45,12 +46,17 @@ def sweep(path: Path, rows: list[Measurement]) -> Path | None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     for scenario, schema in sorted({(m.scenario, m.schema) for m in rows}):
         mine = [m for m in rows if m.scenario == scenario and m.schema == schema]
-        pts = sorted((m.config["limit"], m) for m in mine if isinstance(m.config.get("limit"), int))
+        by_limit: dict[int, list[Measurement]] = {}
+        for m in mine:
+            if isinstance(m.config.get("limit"), int):
+                by_limit.setdefault(m.config["limit"], []).append(m)
+        limits = sorted(by_limit)  # with --sweep-passes, each limit's mean over the passes
+        ops = [statistics.mean(m.ops_per_s or 0.0 for m in by_limit[lim]) for lim in limits]
+        p99 = [statistics.mean((m.p99_s or 0.0) * 1e3 for m in by_limit[lim]) for lim in limits]
         name = scenario if schema == "faithful" else f"{scenario} [index]"
         style = "--" if schema == "index" else "-"
-        limits = [lim for lim, _ in pts]
-        line = left.plot(limits, [m.ops_per_s for _, m in pts], style, marker="o", label=name)[0]
-        right.plot(limits, [(m.p99_s or 0) * 1e3 for _, m in pts], style, marker="o", label=name)
+        line = left.plot(limits, ops, style, marker="o", label=name)[0]
+        right.plot(limits, p99, style, marker="o", label=name)
         for m in mine:
             if m.config.get("limit") == "auto" and m.extra.get("limit_mean"):
                 x, color = m.extra["limit_mean"], line.get_color()

@@ -20,12 +20,14 @@ from sqlalchemy.pool import NullPool
 from boundeddb.testing import postgres
 
 from ._proc import proc_cpu_s
-from ._workload import SCHEMA, Base
+from ._workload import DEFAULT_SCHEMA, SCHEMA, Base
 
 ENV_VAR = "BOUNDEDDB_BENCH_URL"
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 #: Every connection the suite opens carries an application_name starting with this.
-APP_PREFIX = "bdbbench"
+#: Another schema ($BOUNDEDDB_BENCH_SCHEMA) gets names of its own: a second run on the same server
+#: counts its own connections only.
+APP_PREFIX = "bdbbench" if SCHEMA == DEFAULT_SCHEMA else f"bdbbench.{SCHEMA}"[:40]
 SAMPLER_APP = f"{APP_PREFIX}-sampler"
 #: Connections kept free for the sampler, psql and other users of the server.
 HEADROOM = 3

@@ -106,6 +106,8 @@ class Context:
     overhead_rounds: int = 5
     #: Rounds of the auto-limit scenario's comparisons.
     auto_rounds: int = 3
+    #: Passes of the limit sweep (the auto-limit scenario's best fixed limit: the best on average).
+    sweep_passes: int = 1
     #: Rounds of the post-002 scenario.
     post_002_rounds: int = 10
     #: The overhead pairs the instructions scenario counts.

@@ -188,15 +188,17 @@ def mysql_ratios(
     return out
 
 
-def _sweep_key(m: Measurement) -> tuple[str, str, int]:
+def _sweep_key(m: Measurement) -> tuple[str, str, int, int]:
     limit = m.config.get("limit", 0)
-    return (m.schema, m.scenario, limit if isinstance(limit, int) else 1_000_000)
+    return (m.schema, m.scenario, limit if isinstance(limit, int) else 1_000_000, m.config.get("pass", 1))
 
 
 def _limit_shown(m: Measurement) -> str:
     limit = m.config.get("limit", "")
     mean = m.extra.get("limit_mean")
-    return f"auto (mean {mean:.1f})" if limit == "auto" and mean else str(limit)
+    if limit == "auto" and mean:
+        return f"auto (mean {mean:.1f})"
+    return f"{limit} (pass {m.config['pass']})" if m.config.get("pass", 1) > 1 else str(limit)
 
 
 def sweep_table(rows: list[Measurement]) -> list[str]:

@@ -5,12 +5,15 @@ Each op function does the post's work on a session it is given and leaves commit
 caller, because boundeddb's runners commit after a unit returns; hand-written scenarios commit
 themselves, so every scenario sends the same statements.
 Tables live in their own PostgreSQL schema (on MySQL/MariaDB, their own database: the same name)
-so that the suite never touches anyone else's ``a``.
+so that the suite never touches anyone else's ``a``: ``boundeddb_bench``, or
+``$BOUNDEDDB_BENCH_SCHEMA`` so that two runs on one server do not drop each other's tables.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
@@ -19,7 +22,14 @@ from sqlalchemy import DateTime, ForeignKey, MetaData, String, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, selectinload
 
-SCHEMA = "boundeddb_bench"
+DEFAULT_SCHEMA = "boundeddb_bench"
+SCHEMA = os.environ.get("BOUNDEDDB_BENCH_SCHEMA") or DEFAULT_SCHEMA
+if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", SCHEMA):
+    msg = (
+        f"BOUNDEDDB_BENCH_SCHEMA={SCHEMA!r} is not a plain lower-case SQL name: "
+        "use letters, digits and underscores, e.g. boundeddb_bench_2"
+    )
+    raise SystemExit(msg)
 #: The post's ``Column(String)``: VARCHAR without a length on PostgreSQL; MySQL needs one.
 Text = String().with_variant(String(255), "mysql", "mariadb")
 

@@ -53,6 +53,21 @@ async def test_units_that_wait_raise_the_limit_towards_the_pool_and_never_past_i
 
 
 @every_kind
+async def test_a_stream_of_units_that_wait_lets_the_limit_rise_past_its_start(kit: Kit) -> None:
+    """stream() pulls ahead for the limit's ceiling, not for where it starts (4: 8 pulled ahead)."""
+    runner = kit.runner(limit="auto", pool_size=CAPACITY, errors="collect")
+    limits, in_flight, values = [], [], []
+    async for outcome in runner.stream(sql_unit(kit, WAITING, i) for i in range(600)):
+        values.append(outcome.value)
+        limits.append(runner.limit)
+        in_flight.append(runner.in_flight)
+    assert sorted(values) == list(range(600))
+    assert max(limits) >= CAPACITY - 2, limits
+    assert max(in_flight) > 2 * 4  # more in flight than a lookahead of twice the initial limit allows
+    assert all(n <= CAPACITY for n in limits)
+
+
+@every_kind
 async def test_units_that_make_the_server_work_keep_the_limit_well_below_the_pool(
     kit: Kit, sampler: ActivitySampler
 ) -> None:

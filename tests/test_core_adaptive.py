@@ -24,12 +24,22 @@ from .test_core_pacing import FakeExecutor
 Model = Callable[[int, random.Random], float]
 
 
+def feed(limiter: Limiter, controller: LimitController, latencies: list[float], in_flight: int) -> None:
+    """Report ``latencies`` as units that finished while ``in_flight`` units held slots."""
+    held = [limiter.try_acquire() for _ in range(min(in_flight, limiter.limit))]
+    for latency in latencies:
+        controller.observe(latency)
+    for _ in held:
+        limiter.release()
+
+
 def simulate(
     model: Model, *, low: int = 1, high: int = 20, initial: int = 4, windows: int = 400, seed: int = 1
 ) -> tuple[LimitController, list[int]]:
     """
-    Feed the controller one window at a time: ``limit`` latencies from ``model(limit)``; the limit
-    after each window that did not end in a probe (a probe's dip is by design).
+    Feed the controller one window at a time: ``2 * limit`` (at least 32) latencies from
+    ``model(limit)``, from units that fill the limit; the limit after each window that did not end
+    in a probe (a probe's dip is by design).
     """
     rng = random.Random(seed)
     limiter = Limiter(initial)
@@ -37,10 +47,9 @@ def simulate(
     now, limits = 0.0, []
     for _ in range(windows):
         limit = limiter.limit
-        latencies = [model(limit, rng) for _ in range(max(16, 2 * limit))]
-        for latency in latencies:
-            controller.observe(latency)
-        now += max(latencies) * 2  # the window's duration, roughly
+        latencies = [model(limit, rng) for _ in range(max(32, 2 * limit))]
+        feed(limiter, controller, latencies, limit)
+        now += max(0.125, max(latencies) * 2)  # the window's duration, roughly
         controller.adjust(now)
         assert controller.low <= limiter.limit <= controller.high
         if not controller.probing:
@@ -114,16 +123,15 @@ def test_a_slower_database_is_not_mistaken_for_overload() -> None:
         seen = []
         for _ in range(n):
             limit = limiter.limit
-            for _ in range(max(16, 2 * limit)):
-                controller.observe(model(limit, rng))
-            now += 0.05
+            feed(limiter, controller, [model(limit, rng) for _ in range(max(32, 2 * limit))], limit)
+            now += 0.125
             controller.adjust(now)
             seen.append(limiter.limit)
         return seen
 
     before = windows(300)[-50:]
     slow["factor"] = 2.0
-    windows(int(PROBE_INTERVAL_S / 0.05) + 50)
+    windows(int(PROBE_INTERVAL_S / 0.125) + 50)
     after = windows(100)[-50:]
     assert controller.base_s is not None
     assert controller.base_s > 0.003
@@ -195,3 +203,169 @@ async def test_a_moving_limit_never_over_grants_and_the_workers_follow_it() -> N
     assert all(in_flight <= limit for in_flight, limit in seen)
     assert peak > 4  # the workers grew with the limit
     assert limiter.in_flight == 0
+
+
+# -- one behaviour at a time: a controller fed window by window on a fake clock ---------------------------
+
+
+class Bench:
+    """A controller whose windows are fed by hand: ``window(ratio)`` reports latencies of ratio x 1 ms."""
+
+    BASE = 0.001
+
+    def __init__(self, *, initial: int = 8, high: int = 40, low: int = 1) -> None:
+        self.limiter = Limiter(initial)
+        self.controller = LimitController(self.limiter, low=low, high=high, initial=initial)
+        self.now = 0.0
+        self.controller.adjust(self.now)  # the first look starts the first window
+        self.window(1.0, in_flight=1)  # the base until the first probe (not filled: no climb yet)
+        self.controller._next_probe = float("inf")  # no probe unless a test asks for one
+        self.controller._rtt = None  # nor smoothing with that first window
+
+    def window(
+        self, ratio: float, *, count: int | None = None, in_flight: int | None = None, seconds: float = 0.125
+    ) -> int:
+        """One window's units (``2 * limit``, at least 32, filling the limit unless told); the limit after."""
+        limit = self.limiter.limit
+        n = max(32, 2 * limit) if count is None else count
+        feed(
+            self.limiter, self.controller, [ratio * self.BASE] * n, limit if in_flight is None else in_flight
+        )
+        self.now += seconds
+        self.controller.adjust(self.now)
+        return self.limiter.target
+
+
+def test_the_limit_climbs_only_when_the_units_filled_it() -> None:
+    """Flat latency, but never more than 3 units in flight at a limit of 8: the limit stays."""
+    bench = Bench(initial=8)
+    assert [bench.window(1.0, in_flight=3) for _ in range(20)] == [8] * 20
+    assert bench.window(1.0) == 16  # filled: it climbs
+
+
+def test_a_window_takes_32_latencies_and_a_tenth_of_a_second() -> None:
+    """A window closes on at least 32 latencies and 0.1 s (or 1 s with a few)."""
+    bench = Bench(initial=8)
+    assert bench.window(1.0, count=31, seconds=0.5) == 8  # too few
+    assert bench.window(1.0, count=1, seconds=0.0625) == 16  # 32 now, over 0.5625 s: closed
+    assert bench.window(1.0, count=64, seconds=0.0625) == 16  # enough latencies, too soon
+    assert bench.window(1.0, count=0, seconds=0.0625) == 32  # 0.125 s: closed
+
+
+def test_slow_start_doubles_only_while_latency_stays_under_one_and_a_quarter_times_the_base() -> None:
+    """Doubling at 1.2x the base; a tenth (at least 1) at 1.5x and 1.9x."""
+    bench = Bench(initial=8)
+    assert bench.window(1.2) == 16
+    assert bench.window(1.5) == 17  # a tenth (at least 1)
+    assert bench.window(1.9) == 18
+
+
+def test_the_first_fall_goes_to_the_middle_of_the_band_but_at_most_halves() -> None:
+    """The first fall aims at 2.25x the base latency, by Little's law, and cuts at most half."""
+    bench = Bench(initial=16)
+    assert bench.window(3.0) == 12  # 16 x 2.25 / 3: where latency should be 2.25x the base
+    again = Bench(initial=16)
+    assert again.window(10.0) == 8  # 16 x 2.25 / 10 = 3.6, but at most half
+
+
+def test_after_a_fall_the_limit_climbs_by_one_and_falls_by_a_tenth() -> None:
+    """Once fallen: additive increase (+1 a window), and later falls by a tenth."""
+    bench = Bench(initial=16)
+    assert bench.window(3.0) == 12
+    assert [bench.window(1.0) for _ in range(4)] == [13, 14, 15, 16]
+    bench.controller._throughput.clear()  # no throughput measured below: nothing holds the fall
+    assert bench.window(3.0) == 15
+
+
+def test_a_change_of_limit_starts_a_fresh_window_without_the_old_latency() -> None:
+    """Right after a climb, one window at 3x the base makes it fall (smoothed with 1x, it would not)."""
+    bench = Bench(initial=8)
+    assert bench.window(1.0) == 16
+    assert bench.window(3.0) < 16
+    steady = Bench(initial=8)
+    steady.controller._fallen = True  # climbs by 1
+    steady.controller.high = 8  # at the ceiling: the limit stays, so windows are smoothed together
+    assert steady.window(1.0) == 8
+    assert steady.window(3.6) == 8  # smoothed with the window before at the same limit: 2.3x, in the band
+
+
+def test_a_fall_that_would_cost_throughput_is_not_taken() -> None:
+    """Latency 2.6x the base at 16 in flight: 6,150 units/s; a lower limit gave 5,000: it holds."""
+    bench = Bench(initial=16)
+    bench.controller._throughput = {8: (5_000.0, bench.now)}  # what limit 8 gave (Little's law)
+    assert bench.window(2.6) == 16
+    assert not bench.controller.probing
+    bench.controller._throughput = {8: (7_000.0, bench.now)}  # had limit 8 given more, it falls
+    assert bench.window(2.6) == 13  # 16 x 2.25 / 2.6
+
+
+def test_a_faster_database_needs_two_windows_of_evidence_for_a_probe() -> None:
+    """One window well below the base latency starts no probe; two in a row do."""
+    bench = Bench(initial=8)
+    bench.controller._fallen = True
+    bench.window(0.5, in_flight=2)
+    assert not bench.controller.probing
+    bench.window(1.0, in_flight=2)
+    bench.window(0.5, in_flight=2)
+    assert not bench.controller.probing  # not in a row
+    bench.window(0.5, in_flight=2)
+    assert bench.controller.probing
+
+
+def test_no_probe_runs_while_the_limit_is_at_its_ceiling() -> None:
+    """Units that only wait: once at the ceiling, the limit never dips for a probe."""
+    controller, _ = simulate(waiting, high=20, windows=600)  # 60 s of windows, six probe intervals
+    points = controller.trace.since(0.0)
+    at_ceiling = next(i for i, (_, n) in enumerate(points) if n == 20)
+    assert all(n == 20 for _, n in points[at_ceiling:]), points
+
+
+def test_the_first_probe_comes_a_second_into_the_run() -> None:
+    """The base latency is first re-measured 1 s after the run's first look (not 2 s)."""
+    limiter = Limiter(4)
+    controller = LimitController(limiter, low=1, high=20, initial=4)
+    controller.adjust(100.0)  # the run starts
+    probed_at = None
+    now = 100.0
+    while probed_at is None and now < 110:
+        feed(limiter, controller, [0.020] * 32, 1)  # not filled: the limit stays at 4
+        now += 0.125
+        controller.adjust(now)
+        if controller.probing:
+            probed_at = now
+    assert probed_at is not None
+    assert 101.0 <= probed_at < 101.25
+
+
+def test_the_first_window_sets_the_base_and_the_climb_starts_with_it() -> None:
+    """Units that fill the initial limit: the first window (the base) already doubles the limit."""
+    limiter = Limiter(4)
+    controller = LimitController(limiter, low=1, high=20, initial=4)
+    controller.adjust(0.0)
+    feed(limiter, controller, [0.020] * 32, 4)
+    controller.adjust(0.125)
+    assert controller.base_s == pytest.approx(0.020)
+    assert limiter.limit == 8
+
+
+def test_a_probe_that_finds_another_database_forgets_the_throughput_measured_before() -> None:
+    """Base latency halved (a neighbour left): what limit 8 gave before no longer holds a fall back."""
+    bench = Bench(initial=16)
+    bench.controller._throughput = {8: (1_000.0, bench.now)}  # while the neighbour ran
+    bench.controller._next_probe = bench.now  # a probe is due
+    bench.window(1.0)  # starts it: the limit drops to 4 and drains
+    assert bench.controller.probing
+    bench.window(0.5, in_flight=4)  # drained: the probe's window follows
+    bench.window(0.5, in_flight=4)  # the probe's latency: 0.5 ms, half the base before
+    assert not bench.controller.probing
+    assert bench.controller.base_s == pytest.approx(0.0005)
+    assert set(bench.controller._throughput) == {4}
+    assert bench.window(1.0, in_flight=8) == 16  # 2x: in the band
+    assert bench.window(2.0) == 12  # smoothed, 3x: falls (limit 8 at 1,000 units/s would hold it)
+
+
+def test_a_fall_is_weighed_only_against_limits_above_half_the_new_one() -> None:
+    """Limit 2 gave less than 16 does now, but says nothing about 12: the fall is taken."""
+    bench = Bench(initial=16)
+    bench.controller._throughput = {2: (1_000.0, bench.now)}
+    assert bench.window(3.0) == 12

@@ -26,12 +26,14 @@ class AutoLimit:
 
     The runner measures each unit's latency (from its first statement to its commit) and keeps
     the limit where more units in flight would only wait longer: it raises the limit while latency
-    stays near the latency measured at low concurrency, lowers it when latency grows with
-    concurrency (the database or the client is saturated), and cuts it by a quarter at once on a
-    sign of overload (a unit timeout, a pool timeout, a deadlock or serialization failure).
-    Every ten seconds it measures the latency at low concurrency again (for one window of units at
-    a limit of 2, or ``min_limit``), so that a database that became slower is not mistaken for
-    overload. See :doc:`/how-to/auto-limit`.
+    stays near the latency measured at low concurrency and the units fill the limit, lowers it when
+    latency grows with concurrency (the database or the client is saturated) unless the lower limit
+    gave less throughput, and cuts it by a quarter at once on a sign of overload (a unit timeout,
+    a pool timeout, a deadlock or serialization failure).
+    Every ten seconds, unless the limit is at its ceiling, it measures the latency at low
+    concurrency again (for one window of units at a quarter of the limit, at least 2 or
+    ``min_limit``), so that a database that became slower is not mistaken for overload.
+    See :doc:`/how-to/auto-limit`.
 
     The limit stays within ``[min_limit, max_limit]``, and never above the pool's capacity; units in
     flight never exceed the current limit, also while it moves.
