@@ -267,8 +267,7 @@ class BaseRunner:
         units = self._checked_units(units)
         with self._bound():
             recorder = Recorder(watch_pool(self._engine.pool), keep_latencies=False)
-            # Pulled but not yet consumed: at most twice the limit, so memory stays O(limit). An auto
-            # limit's ceiling, not where it is now: else the stream starves the workers when it rises.
+            # Pulled, not consumed: at most twice the limit (an auto limit's ceiling), so O(limit).
             lookahead = 2 * (self._limiter.limit if self._controller is None else self._max_limit)
             send, receive = anyio.create_memory_object_stream[Outcome[Any]](lookahead)
             sink = StreamSink(send)
