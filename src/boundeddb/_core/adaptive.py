@@ -13,18 +13,17 @@ re-measured as Envoy's adaptive concurrency filter does:
   latency measured at low concurrency. Windows at one limit are smoothed together; a change of the
   limit starts afresh (a window never mixes latencies of two limits, nor of the units that were in
   flight when it changed).
-- While ``rtt < 1.5 * base`` the limit goes up, but only if the window *filled* it (units in flight
+- While ``rtt < 2 * base`` the limit goes up, but only if the window *filled* it (units in flight
   reached the limit): a limit that is not used says nothing about a higher one. It doubles while
   ``rtt < 1.25 * base`` (slow start: nothing queues yet), else it goes up by a tenth; once it has
-  fallen, by 1 (additive increase). Above ``2 * base`` it falls: the first time straight to where
-  latency should be in the middle of the band (``limit * 1.75 * base / rtt``, at most by half),
+  fallen, by 1 (additive increase). Above ``2.5 * base`` it falls: the first time straight to where
+  latency should be in the middle of the band (``limit * 2.25 * base / rtt``, at most by half),
   then by a tenth. In between it holds: a band, so the noise of mixed units (fast reads, slower
-  writes) does not make it swing. In the terms of TCP Vegas, the limit rises while fewer than a
-  third of the units in flight queue (Little's law: ``queue = limit * (1 - base / rtt)``) and
-  falls when more than half do. Where the band sits was measured: at 2-2.5x the base, CPU-bound units settled
-  above the best fixed limit and gave away 5-12% of its throughput; units that mostly wait, whose
-  latency grows on a busy client while throughput still grows, are kept up by the next rule, not
-  by a wide band.
+  writes) does not make it swing. In the terms of TCP Vegas, the limit rises while fewer than half
+  the units in flight queue (Little's law: ``queue = limit * (1 - base / rtt)``) and falls when
+  more than 60% do. The band is wide on purpose: on a client or server that is busy but not
+  saturated, latency rises well before throughput stops rising, and a tight band (Vegas's few
+  units of queue) gives away throughput that a user who asks for "auto" expects.
 - A fall must not cost throughput: each window's throughput by Little's law (mean units in
   flight / mean latency) is kept per limit for :data:`THROUGHPUT_MEMORY_S`; a fall is taken only
   if a limit at or below the new one (but above half of it) was measured at no less than
@@ -44,7 +43,7 @@ re-measured as Envoy's adaptive concurrency filter does:
   database there lowers ``base`` directly).
   A probe also starts at once when :data:`FASTER_WINDOWS` windows in a row have a latency below
   ``0.75 * base`` (the database got faster: without it, the stale ``base`` would let the limit
-  climb to the ceiling), or when the latency stays above ``2 * base`` at the probe limit itself
+  climb to the ceiling), or when the latency stays above ``2.5 * base`` at the probe limit itself
   (the database got slower for everyone: no lower limit can help).
 
 The limiter never over-grants while the limit moves (see :meth:`~.limiter.Limiter.set_limit`).
@@ -85,7 +84,7 @@ SMOOTHING = 0.5
 #: Latency over the low-concurrency latency: below SLOW_START the limit doubles (until it first
 #: falls), below RISE it goes up (by a tenth; by 1 once it has fallen), above FALL it goes down;
 #: the first fall aims at TARGET.
-SLOW_START, RISE, TARGET, FALL = 1.25, 1.5, 1.75, 2.0
+SLOW_START, RISE, TARGET, FALL = 1.25, 2.0, 2.25, 2.5
 #: Windows in a row whose mean latency is below FASTER times the base: a probe (a faster database).
 FASTER, FASTER_WINDOWS = 0.75, 2
 #: Cut on overload: the limit times this.
