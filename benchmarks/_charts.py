@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 
-from ._harness import Measurement
+from ._harness import Measurement, by_fixed_limit
 
 
 def connections(path: Path, rows: list[Measurement], *, source: str = "pg_stat_activity") -> Path | None:
@@ -46,10 +46,7 @@ def sweep(path: Path, rows: list[Measurement]) -> Path | None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     for scenario, schema in sorted({(m.scenario, m.schema) for m in rows}):
         mine = [m for m in rows if m.scenario == scenario and m.schema == schema]
-        by_limit: dict[int, list[Measurement]] = {}
-        for m in mine:
-            if isinstance(m.config.get("limit"), int):
-                by_limit.setdefault(m.config["limit"], []).append(m)
+        by_limit = by_fixed_limit(mine)
         limits = sorted(by_limit)  # with --sweep-passes, each limit's mean over the passes
         ops = [statistics.mean(m.ops_per_s or 0.0 for m in by_limit[lim]) for lim in limits]
         p99 = [statistics.mean((m.p99_s or 0.0) * 1e3 for m in by_limit[lim]) for lim in limits]

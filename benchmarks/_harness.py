@@ -22,7 +22,7 @@ import re
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -45,6 +45,16 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[max(1, math.ceil(fraction * len(ordered))) - 1]
+
+
+def by_fixed_limit(rows: Iterable[Measurement]) -> dict[int, list[Measurement]]:
+    """Rows of a fixed (int) limit, grouped by it: a limit sweep's passes of each point."""
+    out: dict[int, list[Measurement]] = {}
+    for m in rows:
+        limit = m.config.get("limit")
+        if isinstance(limit, int):
+            out.setdefault(limit, []).append(m)
+    return out
 
 
 class Reservoir:

@@ -43,7 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from boundeddb import Outcome
 
 from . import semaphore, threads
-from ._harness import Context, percentile
+from ._harness import Context, by_fixed_limit, percentile
 from ._library import record
 from ._workload import A, async_unit
 
@@ -79,16 +79,16 @@ def best_fixed(ctx: Context, runner: str) -> int:
     The limit with the most ops/s on average over this pass's limit sweep's passes, among the limits
     an auto limit could reach (at most --limit, the pool it gets); FALLBACK_BEST if the sweep did not run.
     """
-    by_limit: dict[int, list[float]] = {}
-    for m in ctx.results:
-        limit = m.config.get("limit")
-        if m.group != "sweep" or m.scenario != runner or m.schema != ctx.schema or m.error:
-            continue
-        if isinstance(limit, int) and limit <= ctx.limit and m.ops_per_s:
-            by_limit.setdefault(limit, []).append(m.ops_per_s)
-    if not by_limit:
+    rows = [
+        m
+        for m in ctx.results
+        if m.group == "sweep" and m.scenario == runner and m.schema == ctx.schema and not m.error
+        if m.ops_per_s
+    ]
+    points = {limit: ms for limit, ms in by_fixed_limit(rows).items() if limit <= ctx.limit}
+    if not points:
         return FALLBACK_BEST
-    return max(by_limit, key=lambda limit: statistics.mean(by_limit[limit]))
+    return max(points, key=lambda limit: statistics.mean(m.ops_per_s or 0.0 for m in points[limit]))
 
 
 def _capacity(ctx: Context, limit: Limit) -> int | None:
