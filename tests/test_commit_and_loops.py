@@ -1,7 +1,8 @@
-"""A timeout that lands during COMMIT, the chunk barrier, and one runner on two event loops."""
+"""A timeout during COMMIT, the chunk barrier, one runner on two event loops, a stream on a busy loop."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -204,3 +205,55 @@ async def test_a_commit_under_way_when_the_run_is_cancelled_finishes(
             group.cancel_scope.cancel()
     assert committed_units(admin) == [0]
     assert pool.checkedout() == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_stream_hands_over_outcomes_that_settled_together_in_one_turn_of_the_loop(
+    make_async_engine: Any,
+) -> None:
+    """
+    Eight units released at once reach the consumer within two turns of the event loop, not one per
+    turn (which on a busy loop filled the lookahead window and left slots idle).
+    """
+    loop = asyncio.get_running_loop()
+    turns, ticking = 0, True
+
+    def tick() -> None:  # once per turn of the loop: call_soon runs it in the next one
+        nonlocal turns
+        turns += 1
+        if ticking:
+            loop.call_soon(tick)
+
+    limit, bursts = 8, 5
+    gates = [anyio.Event() for _ in range(bursts)]
+    all_in = [anyio.Event() for _ in range(bursts)]
+    arrived = [0] * bursts
+
+    def unit_for(i: int) -> Any:
+        burst = i // limit
+
+        async def unit(session: AsyncSession) -> int:
+            arrived[burst] += 1
+            if arrived[burst] == limit:
+                all_in[burst].set()
+            await gates[burst].wait()
+            return i
+
+        return unit
+
+    async def release() -> None:
+        for gate, ready in zip(gates, all_in, strict=True):
+            await ready.wait()
+            gate.set()
+
+    runner = SemaphoreRunner(async_sessionmaker(make_async_engine(pool_size=limit)), limit=limit)
+    seen: dict[int, set[int]] = {}
+    loop.call_soon(tick)
+    async with anyio.create_task_group() as group:
+        group.start_soon(release)
+        async for outcome in runner.stream(unit_for(i) for i in range(limit * bursts)):
+            seen.setdefault(outcome.index // limit, set()).add(turns)
+    ticking = False
+    assert sorted(seen) == list(range(bursts))
+    assert all(len(at) <= 2 for at in seen.values()), seen

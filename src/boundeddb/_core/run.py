@@ -15,7 +15,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, It
 from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._errors import RunFailed, UnitMisuseError
 from .._outcome import Outcome, RunReport
@@ -23,7 +23,7 @@ from .._stats import RunStats
 from .recorder import NullRecorder
 from .watch import OutcomeHook
 
-__all__ = ["REFUSED", "ListSink", "Run", "Sink", "StreamSink", "ValueSink"]
+__all__ = ["REFUSED", "ListSink", "Run", "Sink", "StreamSink", "ValueSink", "next_outcome"]
 
 
 #: What :meth:`Run.pull` returns for a unit that failed its check and was settled on the spot.
@@ -88,6 +88,26 @@ class StreamSink:
         # The window keeps the buffer within its size; the consumer may have stopped listening.
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._send.send_nowait(outcome)
+
+
+async def next_outcome(receive: MemoryObjectReceiveStream[Outcome[Any]]) -> Outcome[Any] | None:
+    """
+    ``stream()``'s side of a StreamSink: the next outcome, or None once the producer is done.
+
+    An outcome already waiting comes without a turn of the event loop (``receive()`` takes one per
+    item): on a busy loop the consumer would otherwise get one outcome per turn while several
+    settle, the lookahead window would fill, and workers would wait for it with slots free.
+    """
+    try:
+        return receive.receive_nowait()
+    except anyio.WouldBlock:
+        pass
+    except anyio.EndOfStream:
+        return None
+    try:
+        return await receive.receive()
+    except anyio.EndOfStream:
+        return None
 
 
 SinkT = TypeVar("SinkT", bound=Sink)

@@ -21,7 +21,7 @@ from .._core.background import Background
 from .._core.limiter import Limiter
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
-from .._core.run import ListSink, Run, SinkT, StreamSink, ValueSink
+from .._core.run import ListSink, Run, SinkT, StreamSink, ValueSink, next_outcome
 from .._core.watch import Watch
 from .._dialects import Dialect, for_name
 from .._errors import RunnerClosedError, UnitMisuseError
@@ -294,7 +294,7 @@ class BaseRunner:
 
             try:
                 async with Background(produce), receive:
-                    async for outcome in receive:
+                    while (outcome := await next_outcome(receive)) is not None:
                         window.release()
                         yield outcome
             finally:
