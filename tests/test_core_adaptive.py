@@ -1,8 +1,9 @@
-"""The auto limit's controller in memory: a fake latency model, a fake clock, no database."""
+"""The auto limit's controller in memory: throughput models, a fake clock, no database."""
 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import statistics
 from collections.abc import Callable
@@ -11,7 +12,8 @@ from typing import Any
 import anyio
 import pytest
 
-from boundeddb._core.adaptive import PROBE_INTERVAL_S, LimitController
+from boundeddb._core import adaptive, windows
+from boundeddb._core.adaptive import LimitController
 from boundeddb._core.attempts import Attempts
 from boundeddb._core.limiter import Limiter
 from boundeddb._core.pacing import SlidingWindow, drive
@@ -21,7 +23,8 @@ from boundeddb._retry import NO_RETRY
 
 from .test_core_pacing import FakeExecutor
 
-Model = Callable[[int, random.Random], float]
+#: Units per second that ``limit`` units in flight give (the database and client as one curve).
+Curve = Callable[[int], float]
 
 
 def feed(limiter: Limiter, controller: LimitController, latencies: list[float], in_flight: int) -> None:
@@ -33,110 +36,292 @@ def feed(limiter: Limiter, controller: LimitController, latencies: list[float], 
         limiter.release()
 
 
-def simulate(
-    model: Model, *, low: int = 1, high: int = 20, initial: int = 4, windows: int = 400, seed: int = 1
-) -> tuple[LimitController, list[int]]:
+class System:
     """
-    Feed the controller one window at a time: ``2 * limit`` (at least 32) latencies from
-    ``model(limit)``, from units that fill the limit; the limit after each window that did not end
-    in a probe (a probe's dip is by design).
+    A controller fed by a throughput curve on a fake clock: at limit L the units (filling it) take
+    ``L / curve(L)`` seconds each, times a noise factor; a window's units take as long as Little's
+    law says they do.
     """
-    rng = random.Random(seed)
-    limiter = Limiter(initial)
-    controller = LimitController(limiter, low=low, high=high, initial=initial)
-    now, limits = 0.0, []
-    for _ in range(windows):
-        limit = limiter.limit
-        latencies = [model(limit, rng) for _ in range(max(32, 2 * limit))]
-        feed(limiter, controller, latencies, limit)
-        now += max(0.125, max(latencies) * 2)  # the window's duration, roughly
-        controller.adjust(now)
-        assert controller.low <= limiter.limit <= controller.high
-        if not controller.probing:
-            limits.append(limiter.limit)
-    return controller, limits
+
+    def __init__(
+        self,
+        curve: Curve,
+        *,
+        initial: int = 4,
+        high: int = 20,
+        low: int = 1,
+        noise: float = 0.0,
+        seed: int = 1,
+        mix: Callable[[random.Random], float] | None = None,
+    ) -> None:
+        self.curve = curve
+        self.noise = noise
+        self.mix = mix
+        self.rng = random.Random(seed)
+        self.limiter = Limiter(initial)
+        self.controller = LimitController(self.limiter, low=low, high=high, initial=initial)
+        self.now = 0.0
+        self.controller.adjust(self.now)  # the first look starts the first window
+
+    def latency(self, limit: int) -> float:
+        """A unit's latency: Little's law's, off by the noise, times the mix's draw (mean 1)."""
+        factor = math.exp(self.rng.gauss(0.0, self.noise)) if self.noise else 1.0
+        if self.mix is not None:
+            factor *= self.mix(self.rng)
+        return limit / self.curve(limit) * factor
+
+    def step(self, *, in_flight: int | None = None) -> int:
+        """
+        Units at the limit, a round at a time (as many as are in flight, taking their latency), the
+        controller looking after each round, until a window closes; the limit after it.
+        """
+        closed = self.controller.windows.closed
+        while self.controller.windows.closed == closed:
+            limit = self.limiter.limit
+            latencies = [self.latency(limit) for _ in range(limit)]
+            feed(self.limiter, self.controller, latencies, limit if in_flight is None else in_flight)
+            self.now += sum(latencies) / limit
+            self.controller.adjust(self.now)
+        return self.limiter.target
+
+    def run(self, steps: int) -> list[int]:
+        """The limit after each of ``steps`` batches."""
+        limits = []
+        for _ in range(steps):
+            limits.append(self.step())
+            assert self.controller.low <= self.limiter.limit <= self.controller.high
+        return limits
+
+    def home(self) -> int:
+        """Where the cruise holds the limit (looks aside)."""
+        return self.controller._home
 
 
-def waiting(limit: int, rng: random.Random) -> float:
-    """Units that mostly wait: latency does not grow with concurrency."""
-    return 0.020 * rng.uniform(0.9, 1.1)
+def waiting(limit: int) -> float:
+    """Units that only wait (20 ms each): throughput grows with the limit."""
+    return limit / 0.020
 
 
-def saturating(knee: int, base: float = 0.002) -> Model:
-    """Latency flat up to ``knee`` units in flight, then growing with them (a saturated resource)."""
-
-    def model(limit: int, rng: random.Random) -> float:
-        return base * max(1.0, limit / knee) * rng.uniform(0.9, 1.1)
-
-    return model
+def saturating(knee: int, base: float = 0.002) -> Curve:
+    """Throughput grows with the limit up to ``knee``, then stays flat (a saturated resource)."""
+    return lambda limit: min(limit, knee) / base
 
 
-def mixed(knee: int) -> Model:
-    """Half fast reads, half writes five times slower, on a resource saturated beyond ``knee``."""
-
-    def model(limit: int, rng: random.Random) -> float:
-        base = 0.001 if rng.random() < 0.5 else 0.005
-        return base * max(1.0, limit / knee) * rng.uniform(0.9, 1.1)
-
-    return model
+def peaked(peak: int, base: float = 0.002) -> Curve:
+    """Throughput grows up to ``peak`` and falls beyond it (contention: threads and a lock, say)."""
+    return lambda limit: min(limit, peak) / base * min(1.0, (peak / limit) ** 0.5)
 
 
-def test_the_limit_climbs_to_the_ceiling_while_latency_stays_flat() -> None:
-    _, limits = simulate(waiting, high=20)
-    assert limits[-1] == 20
-    assert max(limits) == 20  # and never above it
+# -- where the limit goes ---------------------------------------------------------------------------
 
 
-def test_the_limit_settles_near_the_knee_when_latency_grows_with_concurrency() -> None:
-    """Beyond the knee latency grows as limit / knee: the limit holds where it is 2-2.5x the base."""
-    _, limits = simulate(saturating(knee=5), high=40)
-    tail = limits[-100:]
-    assert min(tail) >= 2 * 5 - 1, tail
-    assert max(tail) <= 2.5 * 5 + 1, tail
-    assert max(tail) - min(tail) <= 4  # a band, not a swing
+def test_units_that_only_wait_take_the_limit_to_the_ceiling_by_doubling_and_never_past_it() -> None:
+    system = System(waiting, initial=4, high=20)
+    limits = system.run(40)
+    assert limits[:3] == [8, 16, 20]  # one doubling a window, capped
+    assert max(limits) == 20
+    assert system.home() == 20  # and it stays (looks down to 15 aside)
+    assert statistics.mean(limits) > 18
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("knee", [3, 6, 10])
+def test_on_a_saturated_resource_the_limit_settles_at_the_knee(knee: int) -> None:
+    """Past the knee more units only queue: the fewest that give the most throughput, exactly."""
+    system = System(saturating(knee), initial=4, high=40)
+    system.run(300)
+    assert system.home() == knee
+
+
+@pytest.mark.parametrize("peak", [2, 3, 5])
+def test_when_more_units_cost_throughput_the_limit_goes_back_to_the_peak(peak: int) -> None:
+    """A curve that falls beyond its peak (threads fighting over one core): the limit finds the peak."""
+    system = System(peaked(peak), initial=4, high=40)
+    system.run(300)
+    assert system.home() in (peak, peak + 1)  # within the tolerance, the fewer
+    assert peaked(peak)(system.home()) >= 0.95 * peaked(peak)(peak)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_noisy_windows_keep_it_near_the_knee_without_swinging(seed: int) -> None:
+    """Each window's latency off by 10% at random: the cruise moves on evidence only."""
+    system = System(saturating(6), initial=4, high=40, noise=0.1, seed=seed)
+    system.run(100)
+    homes = []
+    for _ in range(300):
+        system.step()
+        homes.append(system.home())
+    assert min(homes) >= 5, sorted(set(homes))
+    assert max(homes) <= 9, sorted(set(homes))
+    changes = sum(1 for a, b in itertools.pairwise(homes) if a != b)
+    assert changes <= 12, changes
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_mixed_units_do_not_make_it_swing(seed: int) -> None:
-    _, limits = simulate(mixed(knee=6), high=40, windows=600, seed=seed)
-    tail = limits[-200:]
-    assert min(tail) >= 6, sorted(set(tail))
-    assert max(tail) <= 20, sorted(set(tail))
-    changes = sum(1 for a, b in itertools.pairwise(tail) if a != b)
-    assert changes < len(tail) // 2
+    """Half fast reads, half writes five times slower, saturating past 6: the limit barely moves."""
+    mix = lambda rng: 1 / 3 if rng.random() < 0.5 else 5 / 3  # noqa: E731
+    system = System(saturating(6), initial=4, high=40, seed=seed, mix=mix)
+    system.run(100)
+    homes = []
+    for _ in range(300):
+        system.step()
+        homes.append(system.home())
+    assert min(homes) >= 5, sorted(set(homes))
+    assert max(homes) <= 9, sorted(set(homes))
+    assert sum(1 for a, b in itertools.pairwise(homes) if a != b) <= 12
 
 
 def test_a_slower_database_is_not_mistaken_for_overload() -> None:
-    """Everyone's latency doubles (not concurrency): after the next probe the limit is back up."""
+    """Everyone's latency doubles (not concurrency): throughput halves at every limit, the limit stays."""
     slow = {"factor": 1.0}
+    system = System(lambda limit: saturating(6)(limit) / slow["factor"], initial=4, high=40)
+    system.run(200)
+    before = system.home()
+    slow["factor"] = 2.0
+    system.run(200)
+    assert before == system.home() == 6
 
-    def model(limit: int, rng: random.Random) -> float:
-        return slow["factor"] * saturating(knee=8)(limit, rng)
 
-    rng = random.Random(3)
+def test_a_neighbour_that_moves_the_knee_is_followed_down_and_back_up() -> None:
+    """The knee moves from 8 to 3 (another workload takes the server) and back: the limit follows."""
+    curve = {"now": saturating(8)}
+    system = System(lambda limit: curve["now"](limit), initial=4, high=40)
+    system.run(200)
+    assert system.home() == 8
+    curve["now"] = saturating(3, base=0.004)
+    system.run(200)
+    assert system.home() == 3
+    curve["now"] = saturating(8)
+    after = system.run(200)
+    assert system.home() == 8
+    assert max(after[:8]) >= 8  # the change is seen at once and the climb starts again
+
+
+def test_the_limit_climbs_only_when_the_units_fill_it() -> None:
+    """Units that never hold more than 3 slots at a limit of 8 say nothing about limits: it stays."""
+    system = System(waiting, initial=8, high=40)
+    assert [system.step(in_flight=3) for _ in range(20)] == [8] * 20
+    assert system.step() == 16  # filled: the climb's first window doubles it
+
+
+@pytest.mark.parametrize(
+    ("throughputs", "path", "home"),
+    [
+        # 8 gives 1.2x (not the 4/3 a doubling must pay): 2 is measured too, and 8 is the best
+        ({1: 500, 2: 800, 4: 1000, 8: 1200, 16: 1200}, [8, 2, 8], 8),
+        # 8 costs throughput: halving, and again while it costs at most 3%; the fewest within 3%
+        ({1: 700, 2: 990, 4: 1000, 8: 900}, [8, 2, 1, 2], 2),
+        # 2 costs more than 3%: back to 4
+        ({1: 500, 2: 900, 4: 1000, 8: 1010}, [8, 2, 4], 4),
+        # doubling pays twice, then not: the best of what it measured
+        ({4: 400, 8: 800, 16: 1200, 32: 1230, 40: 1230}, [8, 16, 32, 16], 16),
+    ],
+)
+def test_the_climb_doubles_while_it_pays_then_halves_and_picks_the_fewest_within_3_percent(
+    throughputs: dict[int, float], path: list[int], home: int
+) -> None:
+    system = System(lambda limit: throughputs[limit], initial=4, high=40)
+    assert [system.step() for _ in path] == path
+    assert system.controller.phase == "cruise"
+    assert system.home() == home
+
+
+def test_a_climb_from_the_ceiling_halves() -> None:
+    """Nowhere up to go: the climb looks down instead."""
+    system = System(peaked(3), initial=12, high=12)
+    assert [system.step() for _ in range(3)] == [6, 3, 1]
+    system.step()
+    assert system.home() == 3
+
+
+# -- windows --------------------------------------------------------------------------------------
+
+
+def test_the_first_latencies_warm_up_and_are_left_out() -> None:
+    """The first WARM_UP latencies per slot (connections opening, statements prepared) belong to no window."""
     limiter = Limiter(4)
     controller = LimitController(limiter, low=1, high=40, initial=4)
-    now = 0.0
+    controller.adjust(0.0)
+    feed(limiter, controller, [1.0] * windows.WARM_UP * 4, 4)  # very slow, and left out
+    controller.adjust(0.05)
+    feed(limiter, controller, [0.004] * 16, 4)  # the climb's first window: 1,000 units/s
+    controller.adjust(0.2)
+    assert limiter.target == 8
+    assert controller._climbed == {4: pytest.approx(1000.0)}
 
-    def windows(n: int) -> list[int]:
+
+def test_a_window_takes_32_latencies_and_a_tenth_of_a_second() -> None:
+    """A cruise window closes on 32 latencies (twice the limit if more) and 0.1 s, or on 1 s with a few."""
+    system = System(saturating(4), initial=4, high=4, low=4)  # nowhere to climb: a cruise
+    system.run(3)
+    assert system.controller.phase == "cruise"
+    assert system.controller.windows.skip == 0
+    controller, limiter = system.controller, system.limiter
+    closed, now = controller.windows.closed, system.now
+
+    def after(count: int, seconds: float) -> int:
         nonlocal now
-        seen = []
-        for _ in range(n):
-            limit = limiter.limit
-            feed(limiter, controller, [model(limit, rng) for _ in range(max(32, 2 * limit))], limit)
-            now += 0.125
-            controller.adjust(now)
-            seen.append(limiter.limit)
-        return seen
+        feed(limiter, controller, [0.001] * count, 4)
+        now += seconds
+        controller.adjust(now)
+        return controller.windows.closed - closed
 
-    before = windows(300)[-50:]
-    slow["factor"] = 2.0
-    windows(int(PROBE_INTERVAL_S / 0.125) + 50)
-    after = windows(100)[-50:]
-    assert controller.base_s is not None
-    assert controller.base_s > 0.003
-    # (a probe may fall in either stretch: it drops the limit to 2 for one window)
-    assert statistics.median(after) >= statistics.median(before) - 2, (before, after)
+    assert after(31, 0.6) == 0  # 31 latencies over 0.6 s: not yet
+    assert after(1, 0.0) == 1  # 32
+    assert after(64, 0.05) == 1  # 64 latencies, but too soon
+    assert after(0, 0.06) == 2  # 0.11 s
+    assert after(3, 0.99) == 2  # a few latencies: a window after 1 s
+    assert after(0, 0.02) == 3
+
+
+def test_a_change_of_limit_leaves_out_the_units_that_were_in_flight() -> None:
+    """After a climb, the first latencies (of the units in flight at the change) join no window."""
+    system = System(waiting, initial=4, high=40)
+    system.run(1)  # the first window: 4 -> 8
+    assert system.limiter.target == 8
+    held = [system.limiter.try_acquire() for _ in range(8)]
+    system.controller._move(6, "test")  # down: the 8 units in flight finish first
+    assert system.controller.windows.skip == 8
+    for _ in held:
+        system.limiter.release()
+    feed(system.limiter, system.controller, [9.9] * 8, 6)  # the old units' latencies: dropped
+    system.controller.adjust(system.now + 1)
+    assert system.controller.windows._samples == []
+    system.controller._move(16, "test")  # up: the first units of slots never open before warm up
+    assert system.controller.windows.skip == windows.WARM_UP * (16 - 8)
+
+
+# -- the cruise's evidence --------------------------------------------------------------------------
+
+
+def test_the_lower_neighbour_wins_within_the_tolerance_and_the_higher_needs_a_gain() -> None:
+    """Flat throughput: it goes down until fewer units cost more than 5%; it never goes up for nothing."""
+    system = System(lambda limit: 1000.0 if limit >= 6 else 1000.0 * limit / 6 * 0.99, initial=12, high=40)
+    system.run(300)
+    assert system.home() == 6
+    ups = [limit for limit in system.controller.trace.since(0.0)[-40:] if limit[1] > 8]
+    assert ups == []  # looks up go to 7 and 8 and no higher
+
+
+def test_a_side_shown_not_to_pay_is_looked_at_closer_by_and_less_and_less_often() -> None:
+    """
+    At the ceiling with units that only wait, the looks down go to 15, then (shown to cost more than
+    the tolerance) to 18, then 19; each side's looks space out until MAX_WAIT windows apart.
+    """
+    system = System(waiting, initial=4, high=20)
+    limits = system.run(400)
+    looks = [(i, limit) for i, limit in enumerate(limits) if limit < 20][2:]  # after the climb
+    places = [limit for _, limit in looks]
+    assert places[0] == 15
+    assert places == sorted(places)
+    assert places[-1] == 19
+    at_19 = [i for i, limit in looks if limit == 19]
+    gaps = [b - a for a, b in itertools.pairwise(at_19)]
+    assert gaps == sorted(gaps)
+    assert adaptive.MAX_WAIT <= gaps[-1] <= adaptive.MAX_WAIT + 2
+
+
+# -- overload -------------------------------------------------------------------------------------
 
 
 def test_overload_cuts_the_limit_by_a_quarter_and_never_below_the_floor() -> None:
@@ -144,8 +329,6 @@ def test_overload_cuts_the_limit_by_a_quarter_and_never_below_the_floor() -> Non
     controller = LimitController(
         limiter, low=3, high=20, initial=20, is_overload=lambda error: isinstance(error, TimeoutError)
     )
-    controller._next_probe = float("inf")  # no probe in this test
-    controller._base = 0.001
     limits = []
     for step in range(10):
         controller.failed(ValueError("not overload"))  # a unit's own error changes nothing
@@ -157,11 +340,43 @@ def test_overload_cuts_the_limit_by_a_quarter_and_never_below_the_floor() -> Non
     assert limits[-1] == 3
 
 
+def test_an_attempt_that_started_before_the_cut_does_not_cut_again() -> None:
+    """The cut's own units (admitted at the old limit) time out too: one cut, not one each."""
+    limiter = Limiter(16)
+    controller = LimitController(limiter, low=1, high=20, initial=16, is_overload=lambda e: True)
+    controller.failed(TimeoutError(), 5.0)
+    controller.adjust(0.0)
+    assert limiter.target == 12
+    controller.failed(TimeoutError(), 5.0)  # started 5 s ago: before the cut
+    controller.adjust(0.02)
+    assert limiter.target == 12
+    controller.failed(TimeoutError(), 0.0)  # started after it
+    controller.adjust(0.04)
+    assert limiter.target == 9
+
+
+def test_after_an_overload_the_limit_does_not_rise_for_a_while() -> None:
+    """Units that only wait after a cut: no climb and no look up for CALM_WINDOWS windows."""
+    system = System(waiting, initial=16, high=20)
+    system.controller._is_overload = lambda error: True
+    system.run(3)
+    system.controller.failed(TimeoutError())
+    system.controller.adjust(system.now)
+    cut = system.limiter.target
+    calm = system.run(adaptive.CALM_WINDOWS - 1)
+    assert max(calm) <= cut
+    assert max(system.run(40)) == 20
+
+
+# -- the trace, and the limiter under a moving limit -------------------------------------------------------
+
+
 def test_the_trace_records_each_change_and_stays_bounded() -> None:
-    controller, _ = simulate(mixed(knee=6), high=40, windows=3000)
-    points = controller.trace.since(0.0)
-    assert len(points) <= 600
-    assert points[-1][1] == controller._limiter.limit
+    system = System(saturating(6), initial=4, high=40, noise=0.15)
+    system.run(3000)
+    points = system.controller.trace.since(0.0)
+    assert len(points) <= adaptive.TRACE_POINTS + 2
+    assert points[-1][1] == system.limiter.limit
     assert all(1 <= n <= 40 for _, n in points)
 
 
@@ -203,169 +418,3 @@ async def test_a_moving_limit_never_over_grants_and_the_workers_follow_it() -> N
     assert all(in_flight <= limit for in_flight, limit in seen)
     assert peak > 4  # the workers grew with the limit
     assert limiter.in_flight == 0
-
-
-# -- one behaviour at a time: a controller fed window by window on a fake clock ---------------------------
-
-
-class Bench:
-    """A controller whose windows are fed by hand: ``window(ratio)`` reports latencies of ratio x 1 ms."""
-
-    BASE = 0.001
-
-    def __init__(self, *, initial: int = 8, high: int = 40, low: int = 1) -> None:
-        self.limiter = Limiter(initial)
-        self.controller = LimitController(self.limiter, low=low, high=high, initial=initial)
-        self.now = 0.0
-        self.controller.adjust(self.now)  # the first look starts the first window
-        self.window(1.0, in_flight=1)  # the base until the first probe (not filled: no climb yet)
-        self.controller._next_probe = float("inf")  # no probe unless a test asks for one
-        self.controller._rtt = None  # nor smoothing with that first window
-
-    def window(
-        self, ratio: float, *, count: int | None = None, in_flight: int | None = None, seconds: float = 0.125
-    ) -> int:
-        """One window's units (``2 * limit``, at least 32, filling the limit unless told); the limit after."""
-        limit = self.limiter.limit
-        n = max(32, 2 * limit) if count is None else count
-        feed(
-            self.limiter, self.controller, [ratio * self.BASE] * n, limit if in_flight is None else in_flight
-        )
-        self.now += seconds
-        self.controller.adjust(self.now)
-        return self.limiter.target
-
-
-def test_the_limit_climbs_only_when_the_units_filled_it() -> None:
-    """Flat latency, but never more than 3 units in flight at a limit of 8: the limit stays."""
-    bench = Bench(initial=8)
-    assert [bench.window(1.0, in_flight=3) for _ in range(20)] == [8] * 20
-    assert bench.window(1.0) == 16  # filled: it climbs
-
-
-def test_a_window_takes_32_latencies_and_a_tenth_of_a_second() -> None:
-    """A window closes on at least 32 latencies and 0.1 s (or 1 s with a few)."""
-    bench = Bench(initial=8)
-    assert bench.window(1.0, count=31, seconds=0.5) == 8  # too few
-    assert bench.window(1.0, count=1, seconds=0.0625) == 16  # 32 now, over 0.5625 s: closed
-    assert bench.window(1.0, count=64, seconds=0.0625) == 16  # enough latencies, too soon
-    assert bench.window(1.0, count=0, seconds=0.0625) == 32  # 0.125 s: closed
-
-
-def test_slow_start_doubles_only_while_latency_stays_under_one_and_a_quarter_times_the_base() -> None:
-    """Doubling at 1.2x the base; a tenth (at least 1) at 1.5x and 1.9x."""
-    bench = Bench(initial=8)
-    assert bench.window(1.2) == 16
-    assert bench.window(1.5) == 17  # a tenth (at least 1)
-    assert bench.window(1.9) == 18
-
-
-def test_the_first_fall_goes_to_the_middle_of_the_band_but_at_most_halves() -> None:
-    """The first fall aims at 2.25x the base latency, by Little's law, and cuts at most half."""
-    bench = Bench(initial=16)
-    assert bench.window(3.0) == 12  # 16 x 2.25 / 3: where latency should be 2.25x the base
-    again = Bench(initial=16)
-    assert again.window(10.0) == 8  # 16 x 2.25 / 10 = 3.6, but at most half
-
-
-def test_after_a_fall_the_limit_climbs_by_one_and_falls_by_a_tenth() -> None:
-    """Once fallen: additive increase (+1 a window), and later falls by a tenth."""
-    bench = Bench(initial=16)
-    assert bench.window(3.0) == 12
-    assert [bench.window(1.0) for _ in range(4)] == [13, 14, 15, 16]
-    bench.controller._throughput.clear()  # no throughput measured below: nothing holds the fall
-    assert bench.window(3.0) == 15
-
-
-def test_a_change_of_limit_starts_a_fresh_window_without_the_old_latency() -> None:
-    """Right after a climb, one window at 3x the base makes it fall (smoothed with 1x, it would not)."""
-    bench = Bench(initial=8)
-    assert bench.window(1.0) == 16
-    assert bench.window(3.0) < 16
-    steady = Bench(initial=8)
-    steady.controller._fallen = True  # climbs by 1
-    steady.controller.high = 8  # at the ceiling: the limit stays, so windows are smoothed together
-    assert steady.window(1.0) == 8
-    assert steady.window(3.6) == 8  # smoothed with the window before at the same limit: 2.3x, in the band
-
-
-def test_a_fall_that_would_cost_throughput_is_not_taken() -> None:
-    """Latency 2.6x the base at 16 in flight: 6,150 units/s; a lower limit gave 5,000: it holds."""
-    bench = Bench(initial=16)
-    bench.controller._throughput = {8: (5_000.0, bench.now)}  # what limit 8 gave (Little's law)
-    assert bench.window(2.6) == 16
-    assert not bench.controller.probing
-    bench.controller._throughput = {8: (7_000.0, bench.now)}  # had limit 8 given more, it falls
-    assert bench.window(2.6) == 13  # 16 x 2.25 / 2.6
-
-
-def test_a_faster_database_needs_two_windows_of_evidence_for_a_probe() -> None:
-    """One window well below the base latency starts no probe; two in a row do."""
-    bench = Bench(initial=8)
-    bench.controller._fallen = True
-    bench.window(0.5, in_flight=2)
-    assert not bench.controller.probing
-    bench.window(1.0, in_flight=2)
-    bench.window(0.5, in_flight=2)
-    assert not bench.controller.probing  # not in a row
-    bench.window(0.5, in_flight=2)
-    assert bench.controller.probing
-
-
-def test_no_probe_runs_while_the_limit_is_at_its_ceiling() -> None:
-    """Units that only wait: once at the ceiling, the limit never dips for a probe."""
-    controller, _ = simulate(waiting, high=20, windows=600)  # 60 s of windows, six probe intervals
-    points = controller.trace.since(0.0)
-    at_ceiling = next(i for i, (_, n) in enumerate(points) if n == 20)
-    assert all(n == 20 for _, n in points[at_ceiling:]), points
-
-
-def test_the_first_probe_comes_a_second_into_the_run() -> None:
-    """The base latency is first re-measured 1 s after the run's first look (not 2 s)."""
-    limiter = Limiter(4)
-    controller = LimitController(limiter, low=1, high=20, initial=4)
-    controller.adjust(100.0)  # the run starts
-    probed_at = None
-    now = 100.0
-    while probed_at is None and now < 110:
-        feed(limiter, controller, [0.020] * 32, 1)  # not filled: the limit stays at 4
-        now += 0.125
-        controller.adjust(now)
-        if controller.probing:
-            probed_at = now
-    assert probed_at is not None
-    assert 101.0 <= probed_at < 101.25
-
-
-def test_the_first_window_sets_the_base_and_the_climb_starts_with_it() -> None:
-    """Units that fill the initial limit: the first window (the base) already doubles the limit."""
-    limiter = Limiter(4)
-    controller = LimitController(limiter, low=1, high=20, initial=4)
-    controller.adjust(0.0)
-    feed(limiter, controller, [0.020] * 32, 4)
-    controller.adjust(0.125)
-    assert controller.base_s == pytest.approx(0.020)
-    assert limiter.limit == 8
-
-
-def test_a_probe_that_finds_another_database_forgets_the_throughput_measured_before() -> None:
-    """Base latency halved (a neighbour left): what limit 8 gave before no longer holds a fall back."""
-    bench = Bench(initial=16)
-    bench.controller._throughput = {8: (1_000.0, bench.now)}  # while the neighbour ran
-    bench.controller._next_probe = bench.now  # a probe is due
-    bench.window(1.0)  # starts it: the limit drops to 4 and drains
-    assert bench.controller.probing
-    bench.window(0.5, in_flight=4)  # drained: the probe's window follows
-    bench.window(0.5, in_flight=4)  # the probe's latency: 0.5 ms, half the base before
-    assert not bench.controller.probing
-    assert bench.controller.base_s == pytest.approx(0.0005)
-    assert set(bench.controller._throughput) == {4}
-    assert bench.window(1.0, in_flight=8) == 16  # 2x: in the band
-    assert bench.window(2.0) == 12  # smoothed, 3x: falls (limit 8 at 1,000 units/s would hold it)
-
-
-def test_a_fall_is_weighed_only_against_limits_above_half_the_new_one() -> None:
-    """Limit 2 gave less than 16 does now, but says nothing about 12: the fall is taken."""
-    bench = Bench(initial=16)
-    bench.controller._throughput = {2: (1_000.0, bench.now)}
-    assert bench.window(3.0) == 12

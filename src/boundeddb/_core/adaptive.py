@@ -1,50 +1,38 @@
 """
-The auto limit's controller: moves a :class:`~.limiter.Limiter`'s limit from what units measure.
+The auto limit's controller: moves a :class:`~.limiter.Limiter`'s limit to the fewest units in
+flight that give (about) the most throughput.
 
-Delay-based, in the manner of TCP Vegas and Netflix's concurrency-limits, with the baseline
-re-measured as Envoy's adaptive concurrency filter does:
+Delay-based, by Little's law: at a limit the units fill, throughput is the units in flight over
+their latency, so comparing two limits' throughput compares how much latency grows with how much
+the limit does (the gradient of Netflix's Gradient limit and Envoy's adaptive concurrency filter,
+taken against a neighbouring limit measured moments apart rather than against a minimum latency
+measured once).
 
 - Units report each attempt (:meth:`LimitController.observe`, :meth:`LimitController.failed`;
-  from any thread, cheap: two appends under a lock). With each latency goes the number of units
-  in flight when the unit finished (itself included).
-- On the event loop, :meth:`LimitController.adjust` closes a *window* once it holds at least
-  ``max(MIN_SAMPLES, 2 * limit)`` latencies and :data:`MIN_WINDOW_S` passed (or
-  :data:`MAX_WINDOW_S` passed with a few): its mean latency ``rtt`` is compared with ``base``, the
-  latency measured at low concurrency. Windows at one limit are smoothed together; a change of the
-  limit starts afresh (a window never mixes latencies of two limits, nor of the units that were in
-  flight when it changed).
-- While ``rtt < 2 * base`` the limit goes up, but only if the window *filled* it (units in flight
-  reached the limit): a limit that is not used says nothing about a higher one. It doubles while
-  ``rtt < 1.25 * base`` (slow start: nothing queues yet), else it goes up by a tenth; once it has
-  fallen, by 1 (additive increase). Above ``2.5 * base`` it falls: the first time straight to where
-  latency should be in the middle of the band (``limit * 2.25 * base / rtt``, at most by half),
-  then by a tenth. In between it holds: a band, so the noise of mixed units (fast reads, slower
-  writes) does not make it swing. In the terms of TCP Vegas, the limit rises while fewer than half
-  the units in flight queue (Little's law: ``queue = limit * (1 - base / rtt)``) and falls when
-  more than 60% do. The band is wide on purpose: on a client or server that is busy but not
-  saturated, latency rises well before throughput stops rising, and a tight band (Vegas's few
-  units of queue) gives away throughput that a user who asks for "auto" expects.
-- A fall must not cost throughput: each window's throughput by Little's law (mean units in
-  flight / mean latency) is kept per limit for :data:`THROUGHPUT_MEMORY_S`; a fall is taken only
-  if a limit at or below the new one (but above half of it) was measured at no less than
-  ``1 - FALL_COST`` of the throughput now, or none was. Units that mostly wait on a loaded client see latency
-  grow while throughput still grows: the limit stays up. A probe that finds the base latency
-  changed by more than :data:`CHANGED` forgets the throughputs measured before (a neighbour came
-  or went: they were another database's).
-- A sign of overload (a timeout, a pool timeout, a deadlock or serialization failure) cuts the
-  limit by a quarter at once, at most once per window.
-- ``base`` is measured in a *probe*: for one window the limit drops to the probe limit (a quarter
-  of the limit, at least 2, within the bounds), and the mean latency there becomes ``base``.
-  Until the first probe, :data:`FIRST_PROBE_S` into the first run, that run's first window (at the
-  initial limit, where the climb starts at once) stands in; then a probe runs every
-  :data:`PROBE_INTERVAL_S`, so that a database that became slower for everyone raises ``base`` (it
-  is not overload) and one that became faster lowers it. No probe runs while the limit is at its
-  ceiling: it could not move the limit up, and it costs units that mostly wait the most (a faster
-  database there lowers ``base`` directly).
-  A probe also starts at once when :data:`FASTER_WINDOWS` windows in a row have a latency below
-  ``0.75 * base`` (the database got faster: without it, the stale ``base`` would let the limit
-  climb to the ceiling), or when the latency stays above ``2.5 * base`` at the probe limit itself
-  (the database got slower for everyone: no lower limit can help).
+  from any thread, cheap: two appends under a lock). :mod:`.windows` gathers the latencies into
+  windows and gives each window's throughput (none if the units did not fill the limit), leaving
+  out the units that ran at an old limit and those that warm up new connections.
+- *Climb* (at first, and after the database changed): the limit doubles while doubling pays
+  (throughput up by at least :data:`CLIMB_GAIN` of the step, i.e. latency grew by less than half);
+  if the first doubling did not pay, the knee may be below the start, and it halves from there
+  while halving costs at most :data:`PICK_TOLERANCE`. Then it takes the fewest units in flight it
+  measured within :data:`PICK_TOLERANCE` of the most throughput.
+- *Cruise*: windows at the limit, and now and then one at a neighbour (a quarter higher or lower,
+  at least 1; half as far once a side is shown not to pay), compared with the windows at the limit
+  just before and after it, so that the machine's own drift cancels out. Each side's comparisons
+  add up (the newest :data:`EVIDENCE`): the limit goes up once the higher limit is shown to give
+  more than ``1 + GAIN`` times the throughput, down once the lower one is shown to give more than
+  ``1 - TOLERANCE`` times it ("shown": the mean log ratio less :data:`Z` standard errors). Fewer
+  connections for the same throughput are better (less latency, less load on a shared server):
+  hence the asymmetry. A look that moves nothing makes that side's next look come twice as late,
+  up to :data:`MAX_WAIT` windows. Throughput is compared with what the neighbouring limit gives
+  now, so a database that became slower for everyone (a neighbour on the server, a colder cache)
+  is not taken for overload: every limit got slower, the best one did not move.
+- *Change*: two windows in a row at the limit whose throughput is more than :data:`CHANGE` times
+  off its recent level (a neighbour came or went) drop the evidence, and the climb starts again.
+- A sign of overload (a timeout, a pool timeout, a deadlock or serialization failure) from an
+  attempt that started after the last cut cuts the limit by a quarter at once and holds it from
+  rising for :data:`CALM_WINDOWS` windows.
 
 The limiter never over-grants while the limit moves (see :meth:`~.limiter.Limiter.set_limit`).
 Nothing here imports SQLAlchemy; what counts as overload is the runner's (dialect's) business.
@@ -53,50 +41,45 @@ Nothing here imports SQLAlchemy; what counts as overload is the runner's (dialec
 from __future__ import annotations
 
 import logging
-import threading
+import math
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import Any, Literal
 
 from .limiter import Limiter
+from .windows import Windows
 
 __all__ = ["LimitController", "LimitTrace", "limit_figures"]
 
 logger = logging.getLogger("boundeddb")
 
-#: Fewest latencies in a window (more: twice the limit); a probe's window takes PROBE_SAMPLES.
-MIN_SAMPLES = 32
-PROBE_SAMPLES = 32
-#: A window lasts at least this long (seconds): fewer, steadier decisions on fast units.
-MIN_WINDOW_S = 0.1
-#: A window closes after this long if it has at least MIN_WINDOW_SAMPLES latencies.
-MAX_WINDOW_S = 1.0
-MIN_WINDOW_SAMPLES = 3
-#: The lowest probe limit (a probe runs at a quarter of the limit, at least this).
-PROBE_LIMIT = 2
-#: How often the low-concurrency latency is measured again.
-PROBE_INTERVAL_S = 10.0
-#: The first probe, this long after the first run's first units (whose latency, at the initial
-#: limit, is the base until then).
-FIRST_PROBE_S = 1.0
-#: Weight of the newest window in the latency smoothed over windows at one limit.
-SMOOTHING = 0.5
-#: Latency over the low-concurrency latency: below SLOW_START the limit doubles (until it first
-#: falls), below RISE it goes up (by a tenth; by 1 once it has fallen), above FALL it goes down;
-#: the first fall aims at TARGET.
-SLOW_START, RISE, TARGET, FALL = 1.25, 2.0, 2.25, 2.5
-#: Windows in a row whose mean latency is below FASTER times the base: a probe (a faster database).
-FASTER, FASTER_WINDOWS = 0.75, 2
-#: Cut on overload: the limit times this.
+#: A doubling pays if throughput grew by at least this share of the step (a third); the climb ends at
+#: the fewest units in flight it measured within PICK_TOLERANCE of the most throughput.
+CLIMB_GAIN, PICK_TOLERANCE = 1 / 3, 0.03
+#: Windows at the limit before the first look up / down in a cruise.
+FIRST_WAIT_UP, FIRST_WAIT_DOWN = 2, 1
+#: The cruise moves up if the higher limit gives more than 1 + GAIN times the throughput, down if
+#: the lower one gives more than 1 - TOLERANCE times it, with Z standard errors to spare.
+GAIN, TOLERANCE, Z = 0.02, 0.05, 1.0
+#: The spread (sd of the log ratio) a single comparison is assumed to have until a side has its
+#: own, and how many comparisons that assumption weighs as.
+PRIOR_SPREAD, PRIOR_WEIGHT = 0.12, 2
+#: Comparisons a side keeps (the newest).
+EVIDENCE = 8
+#: The most windows at the limit between two looks at one side (twice as far apart after each
+#: look that moved nothing).
+MAX_WAIT = 16
+#: Throughput this many times off its recent level, two windows in a row: the database changed.
+CHANGE = 1.6
+#: Weight of the newest window in the recent level of throughput at the limit.
+LEVEL_WEIGHT = 0.3
+#: Cut on overload: the limit times this; then no rise for CALM_WINDOWS windows.
 BACKOFF = 0.75
-#: A fall is taken only if a limit at or below the new one gave at least 1 - FALL_COST of the
-#: throughput now, as measured in the last THROUGHPUT_MEMORY_S seconds (or none was measured).
-FALL_COST = 0.05
-THROUGHPUT_MEMORY_S = PROBE_INTERVAL_S
-#: A probe whose latency is more than this factor off the base before forgets those throughputs.
-CHANGED = 1.25
+CALM_WINDOWS = 8
 #: The most (seconds since start, limit) points a trace keeps; then every other point is dropped.
 TRACE_POINTS = 512
+
+Side = Literal["up", "down"]
 
 
 class LimitTrace:
@@ -129,6 +112,30 @@ class LimitTrace:
         return ((0.0, first), *later)
 
 
+class Evidence:
+    """One side's comparisons: log(throughput at the neighbour / throughput at the limit)."""
+
+    __slots__ = ("due", "ratios", "step", "wait")
+
+    def __init__(self, step: int, wait: int = 1) -> None:
+        self.step = step  # how far the neighbour is from the limit
+        self.ratios: list[float] = []
+        self.wait = wait  # windows at the limit between two looks
+        self.due = wait - 1  # windows at the limit until the next look
+
+    def add(self, ratio: float) -> None:
+        self.ratios = [*self.ratios[-(EVIDENCE - 1) :], ratio]
+
+    def bounds(self) -> tuple[float, float]:
+        """The mean log ratio less and plus Z standard errors (the spread shrunk towards the prior's)."""
+        n = len(self.ratios)
+        mean = sum(self.ratios) / n
+        squares = sum((r - mean) ** 2 for r in self.ratios)
+        spread = math.sqrt((PRIOR_SPREAD**2 * PRIOR_WEIGHT + squares) / (PRIOR_WEIGHT + n - 1))
+        margin = Z * spread / math.sqrt(n)
+        return mean - margin, mean + margin
+
+
 class LimitController:
     """Moves ``limiter``'s limit within ``[low, high]``; see the module docstring."""
 
@@ -144,48 +151,37 @@ class LimitController:
         self._limiter = limiter
         self._is_overload = is_overload
         self.low, self.high = low, high
-        self._probe_limit = self._probe_at(initial)
-        self._lock = threading.Lock()
-        #: The window's latencies, and the units in flight as each finished (itself included).
-        self._samples: list[float] = []
-        self._loads: list[int] = []
+        #: What the units report, in windows (``observe`` is theirs: the per-unit path).
+        self.windows = Windows(limiter, initial)
+        self.observe = self.windows.observe
         self._overloaded = False
-        self._window_start: float | None = None  # the first look at the controller starts the first window
-        self._rtt: float | None = None  # smoothed over the windows since the limit last changed
-        self._base: float | None = None
-        self._target = initial  # where the limit goes back to after a probe
-        self._probing = False
-        self._draining = False  # a probe waits for the units in flight to fall to its limit
-        self._skip = 0  # latencies to drop before the next window: of units that started before a change
-        self._fallen = False  # once the limit has fallen, it climbs by 1 at a time
-        self._faster = 0  # windows in a row well below the base latency
-        #: Little's-law throughput (units/s) last measured at each limit, and when.
-        self._throughput: dict[int, tuple[float, float]] = {}
-        self._next_probe = float("inf")  # the first window sets it
+        self._cut_at = float("-inf")  # when the limit was last cut for overload (perf_counter())
+        self._calm_until = 0  # no rise before this window (after an overload)
+        #: "climb" or "cruise"; the limit and throughput the climb last stood at.
+        self.phase = "climb"
+        #: The climb's measurements (limit: throughput), and the limit it started from.
+        self._climbed: dict[int, float] = {}
+        self._climb_start = initial
+        #: Cruise: the limit it holds, the last window's throughput there, the side being looked at
+        #: (and its window's throughput, until the window at the limit after it).
+        self._home = initial
+        self._before: float | None = None
+        self._looking: Side | None = None
+        self._looked: tuple[Side, float] | None = None
+        self._sides: dict[Side, Evidence] = {"up": Evidence(1), "down": Evidence(1)}
+        #: The recent level of log throughput at the limit, and windows in a row far off it.
+        self._level: float | None = None
+        self._off = 0
         self.trace = LimitTrace(limiter.limit)
 
-    @property
-    def base_s(self) -> float | None:
-        """The latency measured at low concurrency, if measured."""
-        return self._base
+    # -- from the units (any thread; ``observe`` is the windows') ------------------------------------
 
-    @property
-    def probing(self) -> bool:
-        """Whether the limit is down at the probe limit, measuring the base latency."""
-        return self._probing
-
-    # -- from the units (any thread) ------------------------------------------------------------------
-
-    def observe(self, latency_s: float) -> None:
-        """A unit's attempt succeeded after ``latency_s`` seconds (called while it holds its slot)."""
-        in_flight = self._limiter.in_flight
-        with self._lock:
-            self._samples.append(latency_s)
-            self._loads.append(in_flight)
-
-    def failed(self, error: Exception) -> None:
-        """An attempt failed with ``error``: note it if it says the database (or pool) is overloaded."""
-        if self._is_overload(error):
+    def failed(self, error: Exception, latency_s: float = 0.0) -> None:
+        """
+        An attempt failed with ``error`` after ``latency_s`` seconds: note it if it says the database
+        (or pool) is overloaded, unless it started before the last cut (that limit's own doing).
+        """
+        if self._is_overload(error) and perf_counter() - latency_s >= self._cut_at:
             self._overloaded = True
 
     # -- on the event loop ----------------------------------------------------------------------------
@@ -193,160 +189,155 @@ class LimitController:
     def adjust(self, now: float | None = None) -> None:
         """Close the window if it is full, and move the limit if it should move."""
         now = perf_counter() if now is None else now
-        limit = self._limiter.target
-        if self._overloaded and not self._probing:
-            self._take_window(now)
+        if self._overloaded:
             self._overloaded = False
-            self._fallen = True
-            self._set(min(limit - 1, int(limit * BACKOFF)), "overload")
+            self._cut_at = perf_counter()
+            self.windows.restart(now)
+            self._calm_until = self.windows.closed + CALM_WINDOWS
+            limit = self._limiter.target
+            self._cruise(min(limit - 1, int(limit * BACKOFF)), "overload")
             return
-        if not self._probing and now >= self._next_probe and limit < self.high:
-            self._start_probe(limit)
+        closed, throughput = self.windows.close(now, climbing=self.phase == "climb")
+        if not closed:
             return
-        if self._draining or self._skip:
-            self._drop_old_samples(now)
-            return
-        count = len(self._samples)
-        if self._window_start is None or (self._base is None and not count):
-            self._window_start = now  # idle before the first run: that time is no window's
-            return
-        elapsed = now - self._window_start
-        needed = PROBE_SAMPLES if self._probing else max(MIN_SAMPLES, 2 * limit)
-        if not (
-            (count >= needed and elapsed >= MIN_WINDOW_S)
-            or (elapsed >= MAX_WINDOW_S and count >= MIN_WINDOW_SAMPLES)
-        ):
-            return
-        started = self._window_start
-        samples, loads = self._take_window(now)
-        mean = sum(samples) / len(samples)
-        throughput = sum(loads) / len(loads) / mean if mean > 0 else 0.0
-        self._throughput[limit] = (throughput, now)
-        if self._probing:
-            self._end_probe(mean, now)
-            return
-        base = self._base
-        if base is None:  # the first window: a first base, at the initial limit; a probe follows
-            self._base = base = mean
-            self._next_probe = started + FIRST_PROBE_S
-        rtt = mean if self._rtt is None else SMOOTHING * mean + (1 - SMOOTHING) * self._rtt
-        self._rtt = rtt
-        ratio = rtt / base if base > 0 else 1.0
-        if mean < FASTER * base:  # faster than at low concurrency: the database got faster?
-            self._faster += 1
-            if self._faster < FASTER_WINDOWS:
-                return  # one window is no evidence: hold, and see the next
-            if limit >= self.high:  # no probe at the ceiling: take the new base as it is
-                self._base = rtt
-                return
+        if throughput is None:  # the units' source, not the limit, set the pace: nothing to learn
+            self._unfilled()
+        elif self.phase == "climb":
+            self._climb(throughput)
         else:
-            self._faster = 0
-        if limit < self.high and (self._faster or (ratio > FALL and limit <= self._probe_limit)):
-            # Faster than at low concurrency, or slow at the concurrency base was measured at:
-            # the database changed for everyone (a neighbour came or went). Measure again now.
-            self._start_probe(limit, "the latency at low concurrency changed")
+            self._step(throughput)
+
+    # -- climb --------------------------------------------------------------------------------------
+
+    def _climb(self, throughput: float) -> None:
+        """
+        A climb window closed: double the limit while doubling pays, then (if the first doubling did
+        not) halve it from where the climb started while halving costs at most PICK_TOLERANCE; then
+        cruise at the fewest units in flight within PICK_TOLERANCE of the most throughput measured.
+        """
+        limit, start, points = self._limiter.target, self._climb_start, self._climbed
+        points[limit] = throughput
+        if limit >= start:  # going up
+            below = [p for p in points if start <= p < limit]
+            pays = not below or throughput >= points[below[-1]] * (1 + CLIMB_GAIN * (limit / below[-1] - 1))
+            if pays and limit < self.high and self.windows.closed >= self._calm_until:
+                self._move(min(self.high, 2 * limit), "climbing: doubling")
+            elif len(below) <= 1 and start > self.low and not (pays and below):
+                self._move(max(self.low, start // 2), "climbing: halving")  # the knee may be below the start
+            else:
+                self._cruise(self._pick(), "climbed")
             return
-        if rtt < base:
-            self._base = base = rtt
-        why = f"latency {ratio:.2f}x the low-concurrency latency"
-        if ratio < RISE:
-            if max(loads) >= limit - self._limiter.reserve:  # the window filled the limit
-                # additive once it has fallen; before, doubling while nothing queues, else a tenth
-                step = 1 if self._fallen else limit if ratio < SLOW_START else max(1, limit // 10)
-                self._move(limit + step, f"{why} < {RISE}x")
-        elif ratio > FALL:
-            if self._fallen:
-                lower = limit - max(1, limit // 10)
-            else:  # straight to the middle of the band, at most by half
-                lower = max(limit // 2, int(limit * TARGET / ratio))
-            lower = max(self.low, min(lower, limit - 1))
-            if lower >= limit:
-                return
-            if self._costs_throughput(lower, throughput, now):
-                logger.debug("auto limit: holds at %d (%s; a lower limit gave less throughput)", limit, why)
-                return
-            self._fallen = True
-            self._move(lower, f"{why} > {FALL}x")
+        above = points[min(p for p in points if p > limit)]
+        if throughput >= (1 - PICK_TOLERANCE) * above and limit > self.low:
+            self._move(max(self.low, limit // 2), "climbing: halving")
+        else:
+            self._cruise(self._pick(), "climbed")
 
-    def _take_window(self, now: float) -> tuple[list[float], list[int]]:
-        """The window's latencies and loads; a new window starts at ``now``."""
-        with self._lock:
-            samples, self._samples = self._samples, []
-            loads, self._loads = self._loads, []
-        self._window_start = now
-        return samples, loads
+    def _pick(self) -> int:
+        """The fewest units in flight the climb measured within PICK_TOLERANCE of its most throughput."""
+        points = self._climbed
+        best = max(points.values())
+        return min(limit for limit, x in points.items() if x >= (1 - PICK_TOLERANCE) * best)
 
-    def _costs_throughput(self, lower: int, throughput: float, now: float) -> bool:
-        """
-        Whether the limits in ``(lower / 2, lower]`` measured lately all gave under 1 - FALL_COST of
-        ``throughput`` (a limit far below says little about ``lower``: throughput grows with it).
-        """
-        known = [
-            seen
-            for limit, (seen, when) in self._throughput.items()
-            if lower / 2 < limit <= lower and now - when <= THROUGHPUT_MEMORY_S
-        ]
-        return bool(known) and max(known) < (1 - FALL_COST) * throughput
+    def _restart_climb(self, why: str) -> None:
+        logger.debug("auto limit: climbing again from %d (%s)", self._home, why)
+        self.phase, self._climbed, self._climb_start = "climb", {}, self._home
+        self._move(self._home, why)
+
+    # -- cruise ---------------------------------------------------------------------------------------
+
+    def _cruise(self, home: int, why: str) -> None:
+        """Hold ``home`` and compare it with its neighbours, from scratch."""
+        self.phase = "cruise"
+        self._home = max(self.low, min(self.high, home))
+        self._before, self._looking, self._looked = None, None, None
+        step = max(1, self._home // 4)
+        self._sides = {"up": Evidence(step, FIRST_WAIT_UP), "down": Evidence(step, FIRST_WAIT_DOWN)}
+        self._level, self._off = None, 0
+        self._move(self._home, why)
+
+    def _neighbour(self, side: Side) -> int:
+        home, step = self._home, self._sides[side].step
+        return min(self.high, home + step) if side == "up" else max(self.low, home - step)
+
+    def _unfilled(self) -> None:
+        """A window the units did not fill: a comparison under way is void; a look goes home."""
+        self._before, self._looked = None, None
+        if self._looking is not None:
+            self._looking = None
+            self._move(self._home, "back from a look (the units did not fill it)")
+
+    def _step(self, throughput: float) -> None:
+        """A cruise window closed: at a neighbour, or at the limit (compare, decide, maybe look again)."""
+        if self._looking is not None:
+            self._looked, self._looking = (self._looking, throughput), None
+            self._move(self._home, "back from a look")
+            return
+        if self._changed(throughput):
+            self._restart_climb(f"throughput {math.exp(self._level or 0):.0f}/s -> {throughput:.0f}/s")
+            return
+        looked, before = self._looked, self._before
+        self._before, self._looked = throughput, None
+        if looked is not None and before is not None:
+            side, there = looked
+            if self._weigh(side, math.log(there / math.sqrt(before * throughput))):
+                return
+        self._look()
+
+    def _changed(self, throughput: float) -> bool:
+        """Whether the throughput at the limit left its recent level for a second window in a row."""
+        log = math.log(throughput)
+        level = self._level
+        if level is None or abs(log - level) <= math.log(CHANGE):
+            self._off = 0
+            self._level = log if level is None else level + LEVEL_WEIGHT * (log - level)
+            return False
+        self._off += 1
+        return self._off >= 2
+
+    def _weigh(self, side: Side, ratio: float) -> bool:
+        """Add a comparison to ``side``'s evidence; move the limit if it is shown to pay (if it moved)."""
+        evidence = self._sides[side]
+        evidence.add(ratio)
+        low, high = evidence.bounds()
+        bar = math.log(1 + GAIN) if side == "up" else math.log(1 - TOLERANCE)
+        if low > bar and not (side == "up" and self.windows.closed < self._calm_until):
+            target, mean = self._neighbour(side), sum(evidence.ratios) / len(evidence.ratios)
+            self._cruise(target, f"{target} gave {math.exp(mean):.2f}x")
+            return True
+        if high < bar and evidence.step > 1:  # shown not to pay: look half as far, afresh
+            self._sides[side] = evidence = Evidence(evidence.step // 2)
+        else:  # no move yet: look less often
+            evidence.wait = min(MAX_WAIT, 2 * evidence.wait)
+        evidence.due = evidence.wait
+        return False
+
+    def _look(self) -> None:
+        """Spend the next window at a neighbour whose turn it is, if any (the side due longest first)."""
+        due: list[tuple[int, Side]] = []
+        for side in ("down", "up"):
+            evidence = self._sides[side]
+            evidence.due -= 1
+            calm = side == "up" and self.windows.closed < self._calm_until
+            if self._neighbour(side) != self._home and evidence.due < 0 and not calm:
+                due.append((evidence.due, side))
+        if due:
+            side = min(due)[1]
+            self._looking = side
+            self._move(self._neighbour(side), f"a look {side}")
+
+    # -- moving the limit ---------------------------------------------------------------------------
 
     def _move(self, limit: int, reason: str) -> None:
         """Move the limit; the next window leaves out the units in flight now (they ran at the old one)."""
-        if self._set(limit, reason):
-            self._skip = self._limiter.in_flight
-
-    def _drop_old_samples(self, now: float) -> None:
-        """
-        Drop latencies of units that started before the limit changed: all of them while a probe
-        drains (until no more than the probe limit are in flight), then those of the units still
-        in flight (the first ones to finish).
-        """
-        with self._lock:
-            if self._draining:
-                self._samples, self._loads = [], []
-                if self._limiter.in_flight <= self._probe_limit:
-                    self._draining = False
-                    self._skip = self._limiter.in_flight
-            else:
-                dropped = min(self._skip, len(self._samples))
-                del self._samples[:dropped]
-                del self._loads[:dropped]
-                self._skip -= dropped
-        self._window_start = now
-
-    def _probe_at(self, limit: int) -> int:
-        """The probe limit: a quarter of the limit, at least 2, within the bounds."""
-        return max(self.low, min(self.high, max(PROBE_LIMIT, limit // 4)))
-
-    def _start_probe(self, limit: int, why: str = "due") -> None:
-        self._probing = True
-        self._draining = True
-        self._skip = 0
-        self._faster = 0
-        self._target = limit
-        self._probe_limit = self._probe_at(limit)
-        self._set(self._probe_limit, f"measuring the latency at low concurrency: {why}")
-
-    def _end_probe(self, mean: float, now: float) -> None:
-        self._probing = False
-        old = self._base
-        if old is not None and not old / CHANGED <= mean <= old * CHANGED:
-            # The database changed for everyone: throughput measured before says nothing now.
-            self._throughput = {self._probe_limit: self._throughput[self._probe_limit]}
-        self._base = mean
-        self._next_probe = now + PROBE_INTERVAL_S
-        logger.debug("auto limit: latency at low concurrency %.2f ms", mean * 1e3)
-        self._move(self._target, "probe done")
-
-    def _set(self, limit: int, reason: str) -> bool:
-        """Move the limit to ``limit``, within ``[low, high]``; whether it moved (a fresh window if so)."""
         limit = max(self.low, min(self.high, limit))
         old = self._limiter.target
         if limit == old:
-            return False
+            return
         self._limiter.set_limit(limit)
-        self._rtt = None
+        self.windows.moved(limit)
         self.trace.add(limit)
         logger.debug("auto limit: %d -> %d (%s)", old, limit, reason)
-        return True
 
 
 def limit_figures(limiter: Limiter, controller: LimitController | None, started: float) -> dict[str, Any]:

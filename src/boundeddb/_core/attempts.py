@@ -119,9 +119,10 @@ class Attempts:
 
     __slots__ = ("_failed", "_retry")
 
-    def __init__(self, retry: RetryRule, *, failed: Callable[[Exception], None] | None = None) -> None:
+    def __init__(self, retry: RetryRule, *, failed: Callable[[Exception, float], None] | None = None) -> None:
         self._retry = retry
-        #: With an auto limit: told each failed attempt's own error (the controller looks for overload).
+        #: With an auto limit: told each failed attempt's own error and how long it ran (the
+        #: controller looks for overload).
         self._failed = failed
 
     def settle(
@@ -135,7 +136,8 @@ class Attempts:
             verified = True  # the server aborted it: a failed attempt like any other, and safe to retry
             error = error.error
         if self._failed is not None:
-            self._failed(error.error if isinstance(error, (ConnectFailed, CommitUnknown)) else error)
+            own = error.error if isinstance(error, (ConnectFailed, CommitUnknown)) else error
+            self._failed(own, latency_s)
         if isinstance(error, UnitMisuse):
             return Outcome(index, None, error.error, latency_s, wait_s, attempt)
         if isinstance(error, CommitUnknown):
