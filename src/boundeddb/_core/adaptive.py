@@ -15,8 +15,9 @@ measured once).
 - *Climb* (at first, and after the database changed): the limit doubles while doubling pays
   (throughput up by at least :data:`CLIMB_GAIN` of the step, i.e. latency grew by less than half);
   if the first doubling did not pay, the knee may be below the start, and it halves from there
-  while halving costs at most :data:`PICK_TOLERANCE`. Then it takes the fewest units in flight it
-  measured within :data:`PICK_TOLERANCE` of the most throughput.
+  while halving costs at most :data:`TOLERANCE`. Then it takes the limit it measured the most
+  throughput at (of two within :data:`PICK_TOLERANCE`, the lower): the cruise, with more evidence
+  than one window each, is where fewer connections win a tie.
 - *Cruise*: windows at the limit, and now and then one at a neighbour (a quarter higher or lower,
   at least 1; half as far once a side is shown not to pay), compared with the windows at the limit
   just before and after it, so that the machine's own drift cancels out. Each side's comparisons
@@ -54,8 +55,8 @@ __all__ = ["LimitController", "LimitTrace", "limit_figures"]
 logger = logging.getLogger("boundeddb")
 
 #: A doubling pays if throughput grew by at least this share of the step (a third); the climb ends at
-#: the fewest units in flight it measured within PICK_TOLERANCE of the most throughput.
-CLIMB_GAIN, PICK_TOLERANCE = 1 / 3, 0.03
+#: the limit it measured the most throughput at (the fewer units in flight within PICK_TOLERANCE).
+CLIMB_GAIN, PICK_TOLERANCE = 1 / 3, 0.01
 #: Windows at the limit before the first look up / down in a cruise.
 FIRST_WAIT_UP, FIRST_WAIT_DOWN = 2, 1
 #: The cruise moves up if the higher limit gives more than 1 + GAIN times the throughput, down if
@@ -212,8 +213,9 @@ class LimitController:
     def _climb(self, throughput: float) -> None:
         """
         A climb window closed: double the limit while doubling pays, then (if the first doubling did
-        not) halve it from where the climb started while halving costs at most PICK_TOLERANCE; then
-        cruise at the fewest units in flight within PICK_TOLERANCE of the most throughput measured.
+        not) halve it from where the climb started while halving costs at most TOLERANCE; then
+        cruise where the most throughput was measured (the fewer units in flight if within
+        PICK_TOLERANCE).
         """
         limit, start, points = self._limiter.target, self._climb_start, self._climbed
         points[limit] = throughput
@@ -228,7 +230,7 @@ class LimitController:
                 self._cruise(self._pick(), "climbed")
             return
         above = points[min(p for p in points if p > limit)]
-        if throughput >= (1 - PICK_TOLERANCE) * above and limit > self.low:
+        if throughput >= (1 - TOLERANCE) * above and limit > self.low:
             self._move(max(self.low, limit // 2), "climbing: halving")
         else:
             self._cruise(self._pick(), "climbed")
