@@ -197,6 +197,27 @@ def test_a_neighbour_that_moves_the_knee_is_followed_down_and_back_up() -> None:
     assert max(after[:8]) >= 8  # the change is seen at once and the climb starts again
 
 
+def test_after_a_change_the_climb_waits_for_throughput_to_settle() -> None:
+    """
+    A neighbour leaves over four windows (throughput at every limit ramps up 4x): a climb that
+    started at once would take the ramp for the limit's doing and double to the ceiling.
+    """
+    factor = {"now": 1.0}
+    system = System(lambda limit: saturating(4)(limit) * factor["now"], initial=4, high=40)
+    system.run(150)
+    assert system.home() == 4
+    factor["now"] = 0.25
+    system.run(150)
+    assert system.home() == 4
+    limits = []
+    for ramp in (0.4, 0.6, 0.8, 1.0):
+        factor["now"] = ramp
+        limits.append(system.step())
+    limits += system.run(30)
+    assert max(limits) <= 8, limits
+    assert system.home() == 4
+
+
 def test_the_limit_climbs_only_when_the_units_fill_it() -> None:
     """Units that never hold more than 3 slots at a limit of 8 say nothing about limits: it stays."""
     system = System(waiting, initial=8, high=40)

@@ -30,7 +30,8 @@ measured once).
   now, so a database that became slower for everyone (a neighbour on the server, a colder cache)
   is not taken for overload: every limit got slower, the best one did not move.
 - *Change*: two windows in a row at the limit whose throughput is more than :data:`CHANGE` times
-  off its recent level (a neighbour came or went) drop the evidence, and the climb starts again.
+  off its recent level (a neighbour came or went) drop the evidence, and the climb starts again
+  once throughput at the limit has settled (two windows within :data:`SETTLED` of each other).
 - A sign of overload (a timeout, a pool timeout, a deadlock or serialization failure) from an
   attempt that started after the last cut cuts the limit by a quarter at once and holds it from
   rising for :data:`CALM_WINDOWS` windows.
@@ -70,8 +71,10 @@ EVIDENCE = 8
 #: The most windows at the limit between two looks at one side (twice as far apart after each
 #: look that moved nothing).
 MAX_WAIT = 16
-#: Throughput this many times off its recent level, two windows in a row: the database changed.
-CHANGE = 1.6
+#: Throughput this many times off its recent level, two windows in a row: the database changed. The
+#: climb that follows waits (at most SETTLE_WINDOWS windows) for two windows in a row within SETTLED
+#: of each other: while another workload starts or stops, throughput moves whatever the limit does.
+CHANGE, SETTLED, SETTLE_WINDOWS = 1.6, 1.25, 4
 #: Weight of the newest window in the recent level of throughput at the limit.
 LEVEL_WEIGHT = 0.3
 #: Cut on overload: the limit times this; then no rise for CALM_WINDOWS windows.
@@ -163,6 +166,9 @@ class LimitController:
         #: The climb's measurements (limit: throughput), and the limit it started from.
         self._climbed: dict[int, float] = {}
         self._climb_start = initial
+        #: After a change: windows left to wait for throughput to settle, and the last one's.
+        self._settling = 0
+        self._settled: float | None = None
         #: Cruise: the limit it holds, the last window's throughput there, the side being looked at
         #: (and its window's throughput, until the window at the limit after it).
         self._home = initial
@@ -217,6 +223,12 @@ class LimitController:
         cruise where the most throughput was measured (the fewer units in flight if within
         PICK_TOLERANCE).
         """
+        if self._settling:  # after a change: climb once throughput at the start stops moving
+            last, self._settled = self._settled, throughput
+            self._settling -= 1
+            if self._settling and (last is None or abs(math.log(throughput / last)) > math.log(SETTLED)):
+                return
+            self._settling = 0
         limit, start, points = self._limiter.target, self._climb_start, self._climbed
         points[limit] = throughput
         if limit >= start:  # going up
@@ -244,6 +256,7 @@ class LimitController:
     def _restart_climb(self, why: str) -> None:
         logger.debug("auto limit: climbing again from %d (%s)", self._home, why)
         self.phase, self._climbed, self._climb_start = "climb", {}, self._home
+        self._settling, self._settled = SETTLE_WINDOWS, None
         self._move(self._home, why)
 
     # -- cruise ---------------------------------------------------------------------------------------
