@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,9 @@ def _neighbour_side(m: Measurement) -> dict[str, Any]:
     side["limit_before"] = statistics.median(before) if before else None
     side["limit_during"] = statistics.median(during) if during else None
     if m.config["limit"] == "auto" and before:
-        floor = 0.75 * statistics.median(before)
+        # Back where it was, or at the sweep's best fixed limit if lower: a limit that finds after
+        # the neighbour that fewer connections give as much is not stuck low.
+        floor = min(0.75 * statistics.median(before), m.config.get("best") or math.inf)
         back = next((t for t, n in limits if t >= al.NEIGHBOUR_STOP_S and n >= floor), None)
         side["recovery_s"] = None if back is None else round(back - al.NEIGHBOUR_STOP_S, 2)
     return side
@@ -161,8 +164,9 @@ def section(rows: list[Measurement]) -> tuple[list[str], dict[str, Any]]:
         lines += [
             "",
             "vs-best: the fixed limit is this pass's sweep's best (ops/s); auto runs on a pool of --limit "
-            "connections.  latency-bound: units of pg_sleep(0.02) and a one-row insert, where the pool's "
-            "capacity is the best fixed limit.  Rounds alternate which side runs first.",
+            "connections with pool_use_lifo=True, as the auto-limit how-to recommends (a fixed limit L "
+            "gets a pool of L).  latency-bound: units of pg_sleep(0.02) and a one-row insert, where the "
+            "pool's capacity is the best fixed limit.  Rounds alternate which side runs first.",
             "",
         ]
     if nb := [m for m in rows if m.config.get("part") == "neighbour"]:
@@ -177,8 +181,8 @@ def section(rows: list[Measurement]) -> tuple[list[str], dict[str, Any]]:
             f"run (indexed schema), through stream() and through run(), {rounds} round(s) each, the order "
             "turned around each round; ops/s and unit p99 of the units that finished in each phase "
             f"({phases}), medians over the rounds; the limit's median per phase, and how soon after the "
-            "neighbour stopped auto's limit was back at 0.75x its median before (one overload cut; "
-            "the slowest round):",
+            "neighbour stopped auto's limit was back at 0.75x its median before (one overload cut), or "
+            "at the sweep's best fixed limit if that is lower (the slowest round):",
             "",
             "| verb | L | before ops/s | p99, ms | during ops/s | p99, ms | after ops/s | p99, ms | "
             "limit before | limit during | back up after |",

@@ -48,17 +48,22 @@ async def probed_runner(
 ) -> AsyncIterator[tuple[SemaphoreRunner, Probe]]:
     """
     A SemaphoreRunner of ``limit`` on a pool of ``capacity`` connections (default: the limit;
-    ``limit="auto"`` needs it) of ``driver`` (default: the database's async driver, asyncpg on
-    PostgreSQL), under a Probe; the engine is disposed of afterwards. ``runner_bar``: the run will
-    draw the scenario's progress bar itself (``progress=p.runner_progress()``), not the probe.
+    ``limit="auto"`` needs it, and gets ``pool_use_lifo=True``) of ``driver`` (default: the
+    database's async driver, asyncpg on PostgreSQL), under a Probe; the engine is disposed of
+    afterwards. ``runner_bar``: the run will draw the scenario's progress bar itself
+    (``progress=p.runner_progress()``), not the probe.
     """
     app = ctx.app_name(label)
     pool_size = capacity or int(limit)
     driver = driver or ctx.db.async_driver
     bar = not runner_bar
-    engine = ctx.db.async_engine(app, pool_size=pool_size, driver=driver)
+    lifo = limit == "auto"  # as the auto-limit how-to recommends (a fixed limit uses its whole pool)
+    engine = ctx.db.async_engine(app, pool_size=pool_size, driver=driver, pool_use_lifo=lifo)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": driver, "limit": limit, "pool_size": pool_size, "max_overflow": 0, **(extra or {})}
+    config = {
+        "driver": driver, "limit": limit, "pool_size": pool_size, "max_overflow": 0, "pool_use_lifo": lifo,
+        **(extra or {}),
+    }  # fmt: skip
     try:
         async with (
             SemaphoreRunner(sessions, limit=limit, errors="collect") as runner,

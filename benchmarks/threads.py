@@ -57,9 +57,12 @@ def _setup(
     label = label or f"{scenario}{default} (L={limit})"
     app = ctx.app_name(label)
     pool_size = capacity or int(limit)
-    engine = ctx.db.sync_engine(app, pool_size=pool_size, driver=driver)
+    lifo = limit == "auto"  # as the auto-limit how-to recommends (a fixed limit uses its whole pool)
+    engine = ctx.db.sync_engine(app, pool_size=pool_size, driver=driver, pool_use_lifo=lifo)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": driver, "limit": limit, "pool_size": pool_size, "max_overflow": 0}
+    config = {
+        "driver": driver, "limit": limit, "pool_size": pool_size, "max_overflow": 0, "pool_use_lifo": lifo,
+    }  # fmt: skip
     return scenario, label, app, engine, sessions, config
 
 
@@ -76,7 +79,8 @@ async def measure(
 ) -> None:
     """
     Run ``ops`` through ``await ThreadOffloadRunner(limit).run`` on fresh tables, on a pool of
-    ``capacity`` connections (default: the limit; ``limit="auto"`` needs it).
+    ``capacity`` connections (default: the limit; ``limit="auto"`` needs it, and gets
+    ``pool_use_lifo=True``).
     """
     scenario, label, app, engine, sessions, config = _setup(ctx, limit, driver, label, "", capacity)
     config.update(extra or {})
