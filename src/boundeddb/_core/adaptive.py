@@ -62,7 +62,7 @@ CLIMB_GAIN, PICK_TOLERANCE = 1 / 3, 0.01
 FIRST_WAIT_UP, FIRST_WAIT_DOWN = 2, 1
 #: The cruise moves up if the higher limit gives more than 1 + GAIN times the throughput, down if
 #: the lower one gives more than 1 - TOLERANCE times it, with Z standard errors to spare.
-GAIN, TOLERANCE, Z = 0.02, 0.05, 1.0
+GAIN, TOLERANCE, Z = 0.02, 0.02, 1.0
 #: The spread (sd of the log ratio) a single comparison is assumed to have until a side has its
 #: own, and how many comparisons that assumption weighs as.
 PRIOR_SPREAD, PRIOR_WEIGHT = 0.12, 2
