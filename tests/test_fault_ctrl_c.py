@@ -84,6 +84,11 @@ def backend_states(admin: Engine, app: str) -> list[tuple[str, str]]:
         return [(str(state), str(query)) for state, query in rows]
 
 
+def logged(stderr: str) -> list[str]:
+    """The child's log lines (its DEBUG log of the cancellation), without the threads' dump."""
+    return [line for line in stderr.splitlines() if line[:4].isdigit()][-20:]  # they start with the time
+
+
 def read_lines(stream: Any, lines: queue.Queue[str]) -> None:
     for line in stream:
         lines.put(line.rstrip("\n"))
@@ -152,7 +157,8 @@ def test_ctrl_c_stops_run_sync_promptly_and_leaves_no_backend(
     assert first == "started", f"the child did not start its units: {first!r}, {stderr[-2000:]}"
     assert child.returncode != -signal.SIGKILL, (
         f"the child was still running {took:.0f} s after SIGINT: the statements were not cancelled; "
-        f"its backends (state, query): {hung_backends}; its threads:\n{stderr[-6000:]}"
+        f"its backends (state, query): {hung_backends}; its log: {logged(stderr)}; "
+        f"its threads:\n{stderr[-6000:]}"
     )
     assert took < 5, f"the child took {took:.1f} s to exit after SIGINT"
     assert child.returncode == -signal.SIGINT, (child.returncode, stderr[-2000:])
