@@ -34,6 +34,9 @@ import sys
 import threading
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a hang
+# As a program started from a terminal: a suite run as a background job (`cmd &` in a script)
+# hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt for it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import logging
 
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(threadName)s %(message)s")
