@@ -118,10 +118,22 @@ def peaked(peak: int, base: float = 0.002) -> Curve:
 def test_units_that_only_wait_take_the_limit_to_the_ceiling_by_doubling_and_never_past_it() -> None:
     system = System(waiting, initial=4, high=20)
     limits = system.run(40)
-    assert limits[:3] == [8, 16, 20]  # one doubling a window, capped
+    assert limits[:2] == [8, 20]  # a doubling, then (it paid in full) four times, capped
     assert max(limits) == 20
     assert system.home() == 20  # and it stays (looks down to 15 aside)
     assert statistics.mean(limits) > 18
+
+
+@pytest.mark.parametrize(
+    ("curve", "climb"),
+    [(waiting, [8, 32, 128, 200]), (saturating(12), [8, 32, 16])],
+    ids=["waiting", "saturating at 12"],
+)
+def test_the_climb_leaps_only_while_doublings_pay_in_full(curve: Curve, climb: list[int]) -> None:
+    """Four times the limit after a full-paying doubling; the skipped doubling if a leap did not pay."""
+    system = System(curve, initial=4, high=200)
+    limits = system.run(len(climb))
+    assert limits == climb
 
 
 @pytest.mark.parametrize("knee", [3, 6, 10])
@@ -233,8 +245,11 @@ def test_the_limit_climbs_only_when_the_units_fill_it() -> None:
         # 2 costs more than 5%: back to 4
         ({1: 500, 2: 900, 4: 1000, 8: 1010}, [8, 2, 4], 4),
         # doubling pays twice, then not: the best of what it measured
-        ({4: 400, 8: 800, 16: 1200, 32: 1250, 40: 1250}, [8, 16, 32, 32], 32),
-        ({4: 400, 8: 800, 16: 1200, 32: 1205, 40: 1205}, [8, 16, 32, 16], 16),
+        ({4: 400, 8: 600, 16: 900, 32: 950, 40: 950}, [8, 16, 32, 32], 32),
+        ({4: 400, 8: 600, 16: 900, 32: 905, 40: 905}, [8, 16, 32, 16], 16),
+        # the first doubling pays in full: a leap to 32, which does not pay, then the 16 it skipped
+        ({4: 400, 8: 800, 16: 1200, 32: 1250, 40: 1250}, [8, 32, 16, 32], 32),
+        ({4: 400, 8: 800, 16: 1200, 32: 1205, 40: 1205}, [8, 32, 16, 16], 16),
     ],
 )
 def test_the_climb_doubles_while_it_pays_then_halves_then_takes_the_best_it_measured(
@@ -326,17 +341,17 @@ def test_the_lower_neighbour_wins_within_the_tolerance_and_the_higher_needs_a_ga
 def test_a_side_shown_not_to_pay_is_looked_at_closer_by_and_less_and_less_often() -> None:
     """
     At the ceiling with units that only wait, the looks down go to 15, then (shown to cost more than
-    the tolerance) to 18, then 19; each side's looks space out until MAX_WAIT windows apart.
+    the tolerance) to 18, then 19; the looks space out until MAX_WAIT windows apart, and looking
+    closer by does not make them frequent again.
     """
     system = System(waiting, initial=4, high=20)
     limits = system.run(400)
-    looks = [(i, limit) for i, limit in enumerate(limits) if limit < 20][2:]  # after the climb
+    looks = [(i, limit) for i, limit in enumerate(limits) if limit < 20][1:]  # after the climb (4, 8, 20)
     places = [limit for _, limit in looks]
     assert places[0] == 15
     assert places == sorted(places)
     assert places[-1] == 19
-    at_19 = [i for i, limit in looks if limit == 19]
-    gaps = [b - a for a, b in itertools.pairwise(at_19)]
+    gaps = [b - a for a, b in itertools.pairwise(i for i, _ in looks)]
     assert gaps == sorted(gaps)
     assert adaptive.MAX_WAIT <= gaps[-1] <= adaptive.MAX_WAIT + 2
 

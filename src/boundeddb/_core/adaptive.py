@@ -13,22 +13,24 @@ measured once).
   windows and gives each window's throughput (none if the units did not fill the limit), leaving
   out the units that ran at an old limit and those that warm up new connections.
 - *Climb* (at first, and after the database changed): the limit doubles while doubling pays
-  (throughput up by at least :data:`CLIMB_GAIN` of the step, i.e. latency grew by less than half);
+  (throughput up by at least :data:`CLIMB_GAIN` of the step, i.e. latency grew by less than half;
+  after a doubling that paid :data:`LEAP_GAIN` of it, the next step is :data:`LEAP` times);
   if the first doubling did not pay, the knee may be below the start, and it halves from there
   while halving costs at most :data:`TOLERANCE`. Then it takes the limit it measured the most
   throughput at (of two within :data:`PICK_TOLERANCE`, the lower): the cruise, with more evidence
   than one window each, is where fewer connections win a tie.
-- *Cruise*: windows at the limit, and now and then one at a neighbour (a quarter higher or lower,
-  at least 1; half as far once a side is shown not to pay), compared with the windows at the limit
-  just before and after it, so that the machine's own drift cancels out. Each side's comparisons
-  add up (the newest :data:`EVIDENCE`): the limit goes up once the higher limit is shown to give
-  more than ``1 + GAIN`` times the throughput, down once the lower one is shown to give more than
+- *Cruise*: windows at the limit, and now and then one at a neighbour (a quarter higher or lower, at
+  least 1; half as far once a side is shown not to pay), compared with the windows at the limit just
+  before and after it, so that the machine's own drift cancels out. Each side's comparisons add up
+  (the newest :data:`EVIDENCE`): the limit goes up once the higher limit is shown to give more than
+  ``1 + GAIN`` times the throughput, down once the lower one is shown to give more than
   ``1 - TOLERANCE`` times it ("shown": the mean log ratio less :data:`Z` standard errors). Fewer
-  connections for the same throughput are better (less latency, less load on a shared server):
-  hence the asymmetry. A look that moves nothing makes that side's next look come twice as late,
-  up to :data:`MAX_WAIT` windows. Throughput is compared with what the neighbouring limit gives
-  now, so a database that became slower for everyone (a neighbour on the server, a colder cache)
-  is not taken for overload: every limit got slower, the best one did not move.
+  connections for the same throughput are better (less latency, less load on a shared server): hence
+  the asymmetry. A look that moves nothing makes that side's next look come twice as late, up to
+  :data:`MAX_WAIT` windows (also when it is shown not to pay and the next looks go half as far).
+  Throughput is compared with what the neighbouring limit gives now, so a database that became
+  slower for everyone (a neighbour on the server, a colder cache) is not taken for overload: every
+  limit got slower, the best one did not move.
 - *Change*: two windows in a row at the limit whose throughput is more than :data:`CHANGE` times
   off its recent level (a neighbour came or went) drop the evidence, and the climb starts again
   once throughput at the limit has settled (two windows within :data:`SETTLED` of each other).
@@ -58,6 +60,9 @@ logger = logging.getLogger("boundeddb")
 #: A doubling pays if throughput grew by at least this share of the step (a third); the climb ends at
 #: the limit it measured the most throughput at (the fewer units in flight within PICK_TOLERANCE).
 CLIMB_GAIN, PICK_TOLERANCE = 1 / 3, 0.01
+#: A doubling that paid at least this share of the step (latency hardly grew: units that mostly
+#: wait) makes the next step LEAP times the limit rather than twice.
+LEAP_GAIN, LEAP = 0.9, 4
 #: Windows at the limit before the first look up / down in a cruise.
 FIRST_WAIT_UP, FIRST_WAIT_DOWN = 2, 1
 #: The cruise moves up if the higher limit gives more than 1 + GAIN times the throughput, down if
@@ -232,10 +237,16 @@ class LimitController:
         limit, start, points = self._limiter.target, self._climb_start, self._climbed
         points[limit] = throughput
         if limit >= start:  # going up
-            below = [p for p in points if start <= p < limit]
-            pays = not below or throughput >= points[below[-1]] * (1 + CLIMB_GAIN * (limit / below[-1] - 1))
-            if pays and limit < self.high and self.windows.closed >= self._calm_until:
-                self._move(min(self.high, 2 * limit), "climbing: doubling")
+            below = sorted(p for p in points if start <= p < limit)
+            step = limit / below[-1] - 1 if below else 1.0
+            gain = throughput / points[below[-1]] - 1 if below else 0.0
+            pays = not below or gain >= CLIMB_GAIN * step
+            if below and not pays and limit > 2 * below[-1]:  # a leap too far: the doubling it skipped
+                self._move(2 * below[-1], "climbing: back to the doubling a leap skipped")
+            elif pays and limit == max(points) < self.high and self.windows.closed >= self._calm_until:
+                leap = below and gain >= LEAP_GAIN * step  # latency hardly grew: units that mostly wait
+                how = "leaping" if leap else "doubling"
+                self._move(min(self.high, (LEAP if leap else 2) * limit), f"climbing: {how}")
             elif len(below) <= 1 and start > self.low and not (pays and below):
                 self._move(max(self.low, start // 2), "climbing: halving")  # the knee may be below the start
             else:
@@ -320,10 +331,11 @@ class LimitController:
             target, mean = self._neighbour(side), sum(evidence.ratios) / len(evidence.ratios)
             self._cruise(target, f"{target} gave {math.exp(mean):.2f}x")
             return True
-        if high < bar and evidence.step > 1:  # shown not to pay: look half as far, afresh
-            self._sides[side] = evidence = Evidence(evidence.step // 2)
-        else:  # no move yet: look less often
-            evidence.wait = min(MAX_WAIT, 2 * evidence.wait)
+        wait = min(MAX_WAIT, 2 * evidence.wait)  # no move yet: look less often
+        if high < bar and evidence.step > 1:  # shown not to pay: look half as far, afresh, as seldom
+            self._sides[side] = evidence = Evidence(evidence.step // 2, wait)
+        else:
+            evidence.wait = wait
         evidence.due = evidence.wait
         return False
 
