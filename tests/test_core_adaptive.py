@@ -240,9 +240,9 @@ def test_the_limit_climbs_only_when_the_units_fill_it() -> None:
     [
         # 8 gives 1.2x (not the 4/3 a doubling must pay): 2 is measured too, and 8 is the best
         ({1: 500, 2: 800, 4: 1000, 8: 1200, 16: 1200}, [8, 2, 8], 8),
-        # 8 costs throughput: halving, and again while it costs at most 5%; the fewer within 1%
+        # 8 costs throughput: halving, and again while it costs at most TOLERANCE; the fewer within 1%
         ({1: 700, 2: 995, 4: 1000, 8: 900}, [8, 2, 1, 2], 2),
-        # 2 costs more than 5%: back to 4
+        # 2 costs more than TOLERANCE: back to 4
         ({1: 500, 2: 900, 4: 1000, 8: 1010}, [8, 2, 4], 4),
         # doubling pays twice, then not: the best of what it measured
         ({4: 400, 8: 600, 16: 900, 32: 950, 40: 950}, [8, 16, 32, 32], 32),
@@ -330,7 +330,7 @@ def test_a_change_of_limit_leaves_out_the_units_that_were_in_flight() -> None:
 
 
 def test_the_lower_neighbour_wins_within_the_tolerance_and_the_higher_needs_a_gain() -> None:
-    """Flat throughput: it goes down until fewer units cost more than 5%; it never goes up for nothing."""
+    """Flat throughput: it goes down until fewer units cost more than TOLERANCE; never up for nothing."""
     system = System(lambda limit: 1000.0 if limit >= 6 else 1000.0 * limit / 6 * 0.99, initial=12, high=40)
     system.run(300)
     assert system.home() == 6

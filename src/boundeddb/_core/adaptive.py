@@ -244,7 +244,7 @@ class LimitController:
             if below and not pays and limit > 2 * below[-1]:  # a leap too far: the doubling it skipped
                 self._move(2 * below[-1], "climbing: back to the doubling a leap skipped")
             elif pays and limit == max(points) < self.high and self.windows.closed >= self._calm_until:
-                leap = below and gain >= LEAP_GAIN * step  # latency hardly grew: units that mostly wait
+                leap = gain >= LEAP_GAIN * step  # latency hardly grew: units that mostly wait
                 how = "leaping" if leap else "doubling"
                 self._move(min(self.high, (LEAP if leap else 2) * limit), f"climbing: {how}")
             elif len(below) <= 1 and start > self.low and not (pays and below):
