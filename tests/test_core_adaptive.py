@@ -15,6 +15,7 @@ import pytest
 from boundeddb._core import adaptive, windows
 from boundeddb._core.adaptive import LimitController
 from boundeddb._core.attempts import Attempts
+from boundeddb._core.climb import Climb
 from boundeddb._core.limiter import Limiter
 from boundeddb._core.pacing import SlidingWindow, drive
 from boundeddb._core.recorder import NullRecorder
@@ -269,6 +270,70 @@ def test_a_climb_from_the_ceiling_halves() -> None:
     assert system.home() == 3
 
 
+def test_a_climb_that_a_look_started_never_halves_below_its_start() -> None:
+    """Started above a limit the cruise measured: if doubling does not pay, it ends where it started."""
+    climb = Climb(6, halves=False)
+    assert climb.step(6, 600.0, low=1, high=40, may_rise=True) == (12, "climbing: doubling")
+    assert climb.step(12, 603.0, low=1, high=40, may_rise=True) is None
+    assert climb.pick() == 6  # the fewer within PICK_TOLERANCE
+    fresh = Climb(6)
+    fresh.step(6, 600.0, low=1, high=40, may_rise=True)
+    assert fresh.step(12, 603.0, low=1, high=40, may_rise=True) == (3, "climbing: halving")
+
+
+def test_the_climbs_curve_gives_a_neighbours_ratio_measured_or_between_two_measured_limits() -> None:
+    """Measured where it stood; log-log between the limits around a neighbour; nothing beyond its ends."""
+    climb = Climb(4)
+    for limit, throughput in ((4, 400.0), (8, 700.0), (2, 210.0)):
+        climb.points[limit] = throughput
+    assert climb.ratio(4, 2) == pytest.approx(210 / 400)
+    assert climb.ratio(4, 6) == pytest.approx(
+        math.exp(math.log(400) + math.log(1.5) / math.log(2) * math.log(700 / 400)) / 400
+    )
+    assert climb.ratio(4, 3) is not None
+    assert climb.ratio(4, 12) is None  # above everything measured
+    assert climb.ratio(5, 6) is None  # the home was not measured
+
+
+def first_look_after_the_climb(system: System, windows_: int = 40) -> tuple[int, int]:
+    """(windows at the home the climb ended at before the cruise's first look, the first look's limit)."""
+    limits = system.run(windows_)
+    home = system.home()
+    settled = next(
+        i for i, limit in enumerate(limits) if limit == home and system.controller.phase == "cruise"
+    )
+    look = next(i for i in range(settled + 1, len(limits)) if limits[i] != home)
+    return look - settled, limits[look]
+
+
+def test_a_side_the_climb_shows_not_to_pay_is_first_looked_at_later() -> None:
+    """
+    At the ceiling with units that only wait, the climb measured 8 and 20: a quarter below gives
+    about 0.8 of 20 on that curve, so the first look down waits SEEDED_WAIT windows, not one.
+    On a saturated resource the climb's curve is flat next to the knee: the first look comes at once.
+    """
+    waited, where = first_look_after_the_climb(System(waiting, initial=4, high=20))
+    assert where == 15
+    assert waited >= adaptive.SEEDED_WAIT
+    waited, _ = first_look_after_the_climb(System(saturating(5), initial=4, high=40))
+    assert waited <= adaptive.FIRST_WAIT_UP
+
+
+def test_a_look_up_that_pays_like_a_doubling_climbs_again() -> None:
+    """
+    Units that only wait, and a cruise at 5 (a climb misled by a stall): after a look down, the look
+    up at 6 pays like a doubling, so it climbs from 6 (12, then 40) instead of creeping up a step at
+    a time, and never back below 6.
+    """
+    system = System(waiting, initial=4, high=40)
+    system.run(1)
+    system.controller._cruise(5, "a climb misled by a stall of the machine")
+    limits = system.run(12)
+    assert limits[:7] == [4, 5, 6, 5, 6, 12, 40]
+    assert min(limits[4:]) >= 6
+    assert system.home() == 40
+
+
 # -- windows --------------------------------------------------------------------------------------
 
 
@@ -282,7 +347,7 @@ def test_the_first_latencies_warm_up_and_are_left_out() -> None:
     feed(limiter, controller, [0.004] * 16, 4)  # the climb's first window: 1,000 units/s
     controller.adjust(0.2)
     assert limiter.target == 8
-    assert controller._climbed == {4: pytest.approx(1000.0)}
+    assert controller._climbing.points == {4: pytest.approx(1000.0)}
 
 
 def test_a_window_takes_32_latencies_and_a_tenth_of_a_second() -> None:

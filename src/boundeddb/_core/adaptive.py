@@ -12,22 +12,24 @@ measured once).
   from any thread, cheap: two appends under a lock). :mod:`.windows` gathers the latencies into
   windows and gives each window's throughput (none if the units did not fill the limit), leaving
   out the units that ran at an old limit and those that warm up new connections.
-- *Climb* (at first, and after the database changed): the limit doubles while doubling pays
-  (throughput up by at least :data:`CLIMB_GAIN` of the step, i.e. latency grew by less than half;
-  after a doubling that paid :data:`LEAP_GAIN` of it, the next step is :data:`LEAP` times);
-  if the first doubling did not pay, the knee may be below the start, and it halves from there
-  while halving costs at most :data:`TOLERANCE`. Then it takes the limit it measured the most
-  throughput at (of two within :data:`PICK_TOLERANCE`, the lower): the cruise, with more evidence
-  than one window each, is where fewer connections win a tie.
+- *Climb* (at first, and after the database changed; :mod:`.climb`): the limit doubles while
+  doubling pays, faster after a doubling that paid in full; if the first doubling did not pay, it
+  halves while halving costs at most :data:`~.climb.TOLERANCE`. Then it takes the fewest units in
+  flight it measured (about) the most throughput at: the cruise, with more evidence than one window
+  each, is where fewer connections win a tie.
 - *Cruise*: windows at the limit, and now and then one at a neighbour (a quarter higher or lower, at
   least 1; half as far once a side is shown not to pay), compared with the windows at the limit just
-  before and after it, so that the machine's own drift cancels out. Each side's comparisons add up
-  (the newest :data:`EVIDENCE`): the limit goes up once the higher limit is shown to give more than
-  ``1 + GAIN`` times the throughput, down once the lower one is shown to give more than
-  ``1 - TOLERANCE`` times it ("shown": the mean log ratio less :data:`Z` standard errors). Fewer
-  connections for the same throughput are better (less latency, less load on a shared server): hence
-  the asymmetry. A look that moves nothing makes that side's next look come twice as late, up to
-  :data:`MAX_WAIT` windows (also when it is shown not to pay and the next looks go half as far).
+  before and after it, so that the machine's own drift cancels out (a side the climb's own
+  measurements show not to pay is first looked at :data:`SEEDED_WAIT` windows out). Each side's
+  comparisons add up (the newest :data:`EVIDENCE`): the limit goes up once the higher limit is shown
+  to give more than ``1 + GAIN`` times the throughput, down once the lower one is shown to give more
+  than ``1 - TOLERANCE`` times it ("shown": the mean log ratio less :data:`Z` standard errors).
+  Fewer connections for the same throughput are better (less latency, less load on a shared
+  server): hence the asymmetry. A look up shown to pay, and on average paying like a climb's
+  doubling (throughput up by at least ``CLIMB_GAIN`` of the step), climbs again from there, upwards
+  only: the limit sat well below the knee (a climb misled by a stall of the machine). A look that
+  moves nothing makes that side's next look come twice as late, up to :data:`MAX_WAIT` windows
+  (also when it is shown not to pay and the next looks go half as far).
   Throughput is compared with what the neighbouring limit gives now, so a database that became
   slower for everyone (a neighbour on the server, a colder cache) is not taken for overload: every
   limit got slower, the best one did not move.
@@ -50,6 +52,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any, Literal
 
+from .climb import CLIMB_GAIN, TOLERANCE, Climb
 from .limiter import Limiter
 from .windows import Windows
 
@@ -57,17 +60,14 @@ __all__ = ["LimitController", "LimitTrace", "limit_figures"]
 
 logger = logging.getLogger("boundeddb")
 
-#: A doubling pays if throughput grew by at least this share of the step (a third); the climb ends at
-#: the limit it measured the most throughput at (the fewer units in flight within PICK_TOLERANCE).
-CLIMB_GAIN, PICK_TOLERANCE = 1 / 3, 0.01
-#: A doubling that paid at least this share of the step (latency hardly grew: units that mostly
-#: wait) makes the next step LEAP times the limit rather than twice.
-LEAP_GAIN, LEAP = 0.9, 4
-#: Windows at the limit before the first look up / down in a cruise.
+#: Windows at the limit before the first look up / down in a cruise ...
 FIRST_WAIT_UP, FIRST_WAIT_DOWN = 2, 1
+#: ... and before the first look at a side whose neighbour the climb's curve shows to give more than
+#: SEED_MARGIN less than the side would have to.
+SEEDED_WAIT, SEED_MARGIN = 4, 0.05
 #: The cruise moves up if the higher limit gives more than 1 + GAIN times the throughput, down if
-#: the lower one gives more than 1 - TOLERANCE times it, with Z standard errors to spare.
-GAIN, TOLERANCE, Z = 0.02, 0.02, 1.0
+#: the lower one gives more than 1 - TOLERANCE (:mod:`.climb`) times it, with Z standard errors to spare.
+GAIN, Z = 0.02, 1.0
 #: The spread (sd of the log ratio) a single comparison is assumed to have until a side has its
 #: own, and how many comparisons that assumption weighs as.
 PRIOR_SPREAD, PRIOR_WEIGHT = 0.12, 2
@@ -166,14 +166,9 @@ class LimitController:
         self._overloaded = False
         self._cut_at = float("-inf")  # when the limit was last cut for overload (perf_counter())
         self._calm_until = 0  # no rise before this window (after an overload)
-        #: "climb" or "cruise"; the limit and throughput the climb last stood at.
+        #: "climb" or "cruise"; the climb under way (or the last one).
         self.phase = "climb"
-        #: The climb's measurements (limit: throughput), and the limit it started from.
-        self._climbed: dict[int, float] = {}
-        self._climb_start = initial
-        #: After a change: windows left to wait for throughput to settle, and the last one's.
-        self._settling = 0
-        self._settled: float | None = None
+        self._climbing = Climb(initial)
         #: Cruise: the limit it holds, the last window's throughput there, the side being looked at
         #: (and its window's throughput, until the window at the limit after it).
         self._home = initial
@@ -222,65 +217,42 @@ class LimitController:
     # -- climb --------------------------------------------------------------------------------------
 
     def _climb(self, throughput: float) -> None:
-        """
-        A climb window closed: double the limit while doubling pays, then (if the first doubling did
-        not) halve it from where the climb started while halving costs at most TOLERANCE; then
-        cruise where the most throughput was measured (the fewer units in flight if within
-        PICK_TOLERANCE).
-        """
-        if self._settling:  # after a change: climb once throughput at the start stops moving
-            last, self._settled = self._settled, throughput
-            self._settling -= 1
-            if self._settling and (last is None or abs(math.log(throughput / last)) > math.log(SETTLED)):
-                return
-            self._settling = 0
-        limit, start, points = self._limiter.target, self._climb_start, self._climbed
-        points[limit] = throughput
-        if limit >= start:  # going up
-            below = sorted(p for p in points if start <= p < limit)
-            step = limit / below[-1] - 1 if below else 1.0
-            gain = throughput / points[below[-1]] - 1 if below else 0.0
-            pays = not below or gain >= CLIMB_GAIN * step
-            if below and not pays and limit > 2 * below[-1]:  # a leap too far: the doubling it skipped
-                self._move(2 * below[-1], "climbing: back to the doubling a leap skipped")
-            elif pays and limit == max(points) < self.high and self.windows.closed >= self._calm_until:
-                leap = gain >= LEAP_GAIN * step  # latency hardly grew: units that mostly wait
-                how = "leaping" if leap else "doubling"
-                self._move(min(self.high, (LEAP if leap else 2) * limit), f"climbing: {how}")
-            elif len(below) <= 1 and start > self.low and not (pays and below):
-                self._move(max(self.low, start // 2), "climbing: halving")  # the knee may be below the start
-            else:
-                self._cruise(self._pick(), "climbed")
+        """A climb window closed: measure the next limit, or cruise where the climb ends."""
+        climb = self._climbing
+        if not climb.settles(throughput, SETTLED):  # after a change: climb once throughput settles
             return
-        above = points[min(p for p in points if p > limit)]
-        if throughput >= (1 - TOLERANCE) * above and limit > self.low:
-            self._move(max(self.low, limit // 2), "climbing: halving")
+        may_rise = self.windows.closed >= self._calm_until
+        step = climb.step(self._limiter.target, throughput, low=self.low, high=self.high, may_rise=may_rise)
+        if step is None:
+            self._cruise(climb.pick(), "climbed", climb)
         else:
-            self._cruise(self._pick(), "climbed")
-
-    def _pick(self) -> int:
-        """The fewest units in flight the climb measured within PICK_TOLERANCE of its most throughput."""
-        points = self._climbed
-        best = max(points.values())
-        return min(limit for limit, x in points.items() if x >= (1 - PICK_TOLERANCE) * best)
+            self._move(*step)
 
     def _restart_climb(self, why: str) -> None:
         logger.debug("auto limit: climbing again from %d (%s)", self._home, why)
-        self.phase, self._climbed, self._climb_start = "climb", {}, self._home
-        self._settling, self._settled = SETTLE_WINDOWS, None
+        self.phase, self._climbing = "climb", Climb(self._home, settle=SETTLE_WINDOWS)
         self._move(self._home, why)
 
     # -- cruise ---------------------------------------------------------------------------------------
 
-    def _cruise(self, home: int, why: str) -> None:
-        """Hold ``home`` and compare it with its neighbours, from scratch."""
+    def _cruise(self, home: int, why: str, climbed: Climb | None = None) -> None:
+        """
+        Hold ``home`` and compare it with its neighbours, from scratch; a side whose neighbour
+        ``climbed`` (the climb that ends here) shows not to pay is looked at later.
+        """
         self.phase = "cruise"
-        self._home = max(self.low, min(self.high, home))
+        self._home = home = max(self.low, min(self.high, home))
         self._before, self._looking, self._looked = None, None, None
-        step = max(1, self._home // 4)
+        step = max(1, home // 4)
         self._sides = {"up": Evidence(step, FIRST_WAIT_UP), "down": Evidence(step, FIRST_WAIT_DOWN)}
+        if climbed is not None:
+            bars: tuple[tuple[Side, float], ...] = (("up", 1 + GAIN), ("down", 1 - TOLERANCE))
+            for side, bar in bars:
+                ratio = climbed.ratio(home, self._neighbour(side))
+                if ratio is not None and ratio < bar - SEED_MARGIN:
+                    self._sides[side] = Evidence(step, SEEDED_WAIT)
         self._level, self._off = None, 0
-        self._move(self._home, why)
+        self._move(home, why)
 
     def _neighbour(self, side: Side) -> int:
         home, step = self._home, self._sides[side].step
@@ -329,7 +301,13 @@ class LimitController:
         bar = math.log(1 + GAIN) if side == "up" else math.log(1 - TOLERANCE)
         if low > bar and not (side == "up" and self.windows.closed < self._calm_until):
             target, mean = self._neighbour(side), sum(evidence.ratios) / len(evidence.ratios)
-            self._cruise(target, f"{target} gave {math.exp(mean):.2f}x")
+            why = f"{target} gave {math.exp(mean):.2f}x"
+            like_a_doubling = mean > math.log(1 + CLIMB_GAIN * (target / self._home - 1))
+            if side == "up" and target < self.high and like_a_doubling:
+                self.phase, self._climbing = "climb", Climb(target, halves=False)  # well below the knee
+                self._move(target, f"climbing again: {why}")
+            else:
+                self._cruise(target, why)
             return True
         wait = min(MAX_WAIT, 2 * evidence.wait)  # no move yet: look less often
         if high < bar and evidence.step > 1:  # shown not to pay: look half as far, afresh, as seldom
