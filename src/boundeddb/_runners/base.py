@@ -271,7 +271,7 @@ class BaseRunner:
             lookahead = 2 * (self._limiter.limit if self._controller is None else self._max_limit)
             send, receive = anyio.create_memory_object_stream[Outcome[Any]](lookahead)
             sink = StreamSink(send)
-            window = anyio.Semaphore(lookahead)
+            window = anyio.Semaphore(lookahead, fast_acquire=True)  # no loop turn per unit
             run = self._new_run(
                 units,
                 sink,
