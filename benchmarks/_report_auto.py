@@ -16,8 +16,13 @@ import matplotlib.pyplot as plt
 from . import auto_limit as al
 from ._harness import Measurement
 
-#: auto >= this fraction of the best fixed limit's ops/s (median of the rounds).
+#: auto >= this fraction of the best fixed limit's ops/s (geometric mean of the rounds' ratios).
 TARGET_RATIO = 0.95
+#: Student's t at 97.5% for 1 to 30 degrees of freedom (a 95% interval); 1.96 beyond.
+T_975 = (
+    12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
+    2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04,
+)  # fmt: skip
 #: Under the neighbour: auto's p99 <= this times L=C's, at >= NEIGHBOUR_OPS of its ops/s.
 NEIGHBOUR_P99, NEIGHBOUR_OPS = 0.5, 0.9
 #: After the neighbour stops, the limit is back within one overload cut of where it was, within this.
@@ -44,6 +49,19 @@ def _ratios(rows: list[Measurement], part: str, runner: str, schema: str, other:
     return out
 
 
+def geometric_mean(ratios: list[float]) -> tuple[float | None, float | None, float | None]:
+    """The geometric mean of ``ratios`` and its 95% interval (Student's t on their logs); Nones if too few."""
+    if not ratios:
+        return None, None, None
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), None, None
+    t = T_975[len(logs) - 2] if len(logs) - 1 <= len(T_975) else 1.96
+    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def _median(rows: list[Measurement], key: str) -> float | None:
     values = [getattr(m, key) if hasattr(m, key) else m.extra.get(key) for m in rows]
     values = [v for v in values if v is not None]
@@ -61,6 +79,7 @@ def comparisons(rows: list[Measurement]) -> list[dict[str, Any]]:
         auto = [m for m in mine if m.config["limit"] == "auto"]
         for other in fixed:
             ratios = _ratios(rows, part, runner, schema, other)
+            geomean, low, high = geometric_mean(ratios)
             rest = [m for m in mine if m.config["limit"] == other]
             out.append(
                 {
@@ -71,6 +90,8 @@ def comparisons(rows: list[Measurement]) -> list[dict[str, Any]]:
                     "goal": other == mine[0].config["best"],  # the sweep's best; C when latency-bound
                     "ratios": [round(r, 3) for r in ratios],
                     "median": statistics.median(ratios) if ratios else None,
+                    "geomean": geomean,
+                    "ci": None if low is None else [round(low, 3), round(high or 0.0, 3)],
                     "auto_ops": _median(auto, "ops_per_s"),
                     "fixed_ops": _median(rest, "ops_per_s"),
                     "auto_p99_ms": (_median(auto, "p99_s") or 0) * 1e3,
@@ -149,14 +170,14 @@ def section(rows: list[Measurement]) -> tuple[list[str], dict[str, Any]]:
     lines = ["## Auto limit", ""]
     if data["comparisons"]:
         lines += [
-            "| part | runner | schema | fixed L | auto / fixed ops/s per round | median | auto ops/s | fixed "
-            "ops/s | auto p99, ms | fixed p99, ms | auto mean limit |",
-            "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| part | runner | schema | fixed L | auto / fixed ops/s per round | geometric mean [95%] | "
+            "median | auto ops/s | fixed ops/s | auto p99, ms | fixed p99, ms | auto mean limit |",
+            "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for c in data["comparisons"]:
             lines.append(
                 f"| {c['part']} | {c['runner']} | {c['schema']} | {c['fixed']} | "
-                f"{', '.join(f'{r:.3f}' for r in c['ratios'])} | {_f(c['median'], 3)} | "
+                f"{', '.join(f'{r:.3f}' for r in c['ratios'])} | {_interval(c)} | {_f(c['median'], 3)} | "
                 f"{_f(c['auto_ops'], 0)} | "
                 f"{_f(c['fixed_ops'], 0)} | {_f(c['auto_p99_ms'], 1)} | {_f(c['fixed_p99_ms'], 1)} | "
                 f"{_f(c['auto_limit_mean'], 1)} |"
@@ -166,7 +187,8 @@ def section(rows: list[Measurement]) -> tuple[list[str], dict[str, Any]]:
             "vs-best: the fixed limit is this pass's sweep's best (ops/s); auto runs on a pool of --limit "
             "connections with pool_use_lifo=True, as the auto-limit how-to recommends (a fixed limit L "
             "gets a pool of L).  latency-bound: units of pg_sleep(0.02) and a one-row insert, where the "
-            "pool's capacity is the best fixed limit.  Rounds alternate which side runs first.",
+            "pool's capacity is the best fixed limit.  Rounds alternate which side runs first; the "
+            "interval is Student's t on the logs of the rounds' ratios.",
             "",
         ]
     if nb := [m for m in rows if m.config.get("part") == "neighbour"]:
@@ -220,15 +242,24 @@ def section(rows: list[Measurement]) -> tuple[list[str], dict[str, Any]]:
     return lines, data
 
 
+def _interval(c: dict[str, Any]) -> str:
+    """A comparison's geometric mean and its 95% interval, e.g. ``0.962 [0.931, 0.994]``."""
+    ci = c.get("ci")
+    return _f(c.get("geomean"), 3) + ("" if not ci else f" [{ci[0]:.3f}, {ci[1]:.3f}]")
+
+
 def targets(data: dict[str, Any], capacity: int) -> list[dict[str, Any]]:
     out = []
     for c in data.get("comparisons", []):
         if not c["goal"]:
             continue
-        v = c["median"]
+        v = c.get("geomean", c["median"])  # runs rendered again from before 0.2's geometric mean
         what = f"{c['part']} {c['runner']} {c['schema']}"
         name = f"auto-limit: auto >= {TARGET_RATIO} of the best fixed limit: {what}"
-        shown = f"{_f(v, 3)} (median of {len(c['ratios'])} rounds, against L={c['fixed']})"
+        shown = (
+            f"{_interval(c)} (geometric mean of {len(c['ratios'])} rounds' ratios and its 95% interval; "
+            f"median {_f(c['median'], 3)}; against L={c['fixed']})"
+        )
         status = "n/a" if v is None else ("PASS" if v >= TARGET_RATIO else "MISS")
         out.append({"target": name, "value": v, "status": status, "shown": shown})
     pairs = data.get("neighbour", {}).get("pairs", [])

@@ -30,11 +30,12 @@ class AutoLimit:
     climbs) and a tenth of a second. It starts by doubling the limit while doubling pays (a third
     more throughput; four times after a doubling that doubled it), or halving it while halving costs
     at most 2% if the first doubling did not pay, and takes the best limit it measured. Then it
-    holds that limit and, now and then, spends a window a quarter above or below it: it moves up
-    once the higher limit is shown to give more than 1.02 times the throughput, and down once the
-    lower one is shown to give more than 0.98 times it (fewer connections for the same work are
-    better). When throughput at the limit jumps or falls by more than 1.6 times (another workload
-    came to or left the server), it starts again. A unit timeout, a pool timeout, a deadlock or a
+    holds that limit and, now and then, spends a window a quarter above or below it (later at first
+    on a side where what the climb measured shows it would not pay): it moves up once the higher
+    limit is shown to give more than 1.02 times the throughput, and down once the lower one is shown
+    to give more than 0.98 times it (fewer connections for the same work are better); a higher limit
+    that pays like a doubling sets it climbing again from there. When throughput at the limit jumps
+    or falls by more than 1.6 times (another workload came to or left the server), it starts again. A unit timeout, a pool timeout, a deadlock or a
     serialization failure cuts the limit by a quarter at once.
     See :doc:`/how-to/auto-limit`.
 
