@@ -35,8 +35,9 @@ class AutoLimit:
     limit is shown to give more than 1.02 times the throughput, and down once the lower one is shown
     to give more than 0.98 times it (fewer connections for the same work are better); a higher limit
     that pays like a doubling sets it climbing again from there. When throughput at the limit jumps
-    or falls by more than 1.6 times (another workload came to or left the server), it starts again. A unit timeout, a pool timeout, a deadlock or a
-    serialization failure cuts the limit by a quarter at once.
+    or falls by more than 1.6 times (another workload came to or left the server), it starts again.
+    A unit timeout, a pool timeout, a deadlock or a serialization failure cuts the limit by a quarter
+    at once.
     See :doc:`/how-to/auto-limit`.
 
     The limit stays within ``[min_limit, max_limit]``, and never above the pool's capacity; units in
