@@ -296,14 +296,12 @@ def test_the_climbs_curve_gives_a_neighbours_ratio_measured_or_between_two_measu
 
 
 def first_look_after_the_climb(system: System, windows_: int = 40) -> tuple[int, int]:
-    """(windows at the home the climb ended at before the cruise's first look, the first look's limit)."""
+    """(windows from first reaching the home the climb ends at to the cruise's first look, its limit)."""
     limits = system.run(windows_)
     home = system.home()
-    settled = next(
-        i for i, limit in enumerate(limits) if limit == home and system.controller.phase == "cruise"
-    )
-    look = next(i for i in range(settled + 1, len(limits)) if limits[i] != home)
-    return look - settled, limits[look]
+    reached = limits.index(home)
+    look = next(i for i in range(reached + 1, len(limits)) if limits[i] != home)
+    return look - reached, limits[look]
 
 
 def test_a_side_the_climb_shows_not_to_pay_is_first_looked_at_later() -> None:

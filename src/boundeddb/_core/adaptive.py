@@ -89,6 +89,8 @@ CALM_WINDOWS = 8
 TRACE_POINTS = 512
 
 Side = Literal["up", "down"]
+#: What a neighbour's throughput must be shown to exceed, as a share of the limit's, for each side.
+BARS: dict[Side, float] = {"up": 1 + GAIN, "down": 1 - TOLERANCE}
 
 
 class LimitTrace:
@@ -246,8 +248,7 @@ class LimitController:
         step = max(1, home // 4)
         self._sides = {"up": Evidence(step, FIRST_WAIT_UP), "down": Evidence(step, FIRST_WAIT_DOWN)}
         if climbed is not None:
-            bars: tuple[tuple[Side, float], ...] = (("up", 1 + GAIN), ("down", 1 - TOLERANCE))
-            for side, bar in bars:
+            for side, bar in BARS.items():
                 ratio = climbed.ratio(home, self._neighbour(side))
                 if ratio is not None and ratio < bar - SEED_MARGIN:
                     self._sides[side] = Evidence(step, SEEDED_WAIT)
@@ -298,7 +299,7 @@ class LimitController:
         evidence = self._sides[side]
         evidence.add(ratio)
         low, high = evidence.bounds()
-        bar = math.log(1 + GAIN) if side == "up" else math.log(1 - TOLERANCE)
+        bar = math.log(BARS[side])
         if low > bar and not (side == "up" and self.windows.closed < self._calm_until):
             target, mean = self._neighbour(side), sum(evidence.ratios) / len(evidence.ratios)
             why = f"{target} gave {math.exp(mean):.2f}x"
