@@ -38,7 +38,7 @@ from boundeddb import (
 )
 from boundeddb._core.recorder import Recorder
 from boundeddb.testing import PostgresServer, driver_url
-from tests.conftest import committed_units, terminate_backends
+from tests.conftest import Item, committed_units, terminate_backends
 from tests.faults import (
     SMALL_CASES,
     SMALL_IDS,
@@ -294,6 +294,46 @@ async def proxied(
 
 
 # -- the server committed: the unit succeeded --------------------------------------------------------------
+
+
+def adding_only(is_async: bool, i: int) -> Any:
+    """A unit that adds row ``i`` and leaves it to COMMIT to send (no flush, no statement of its own)."""
+    if is_async:
+
+        async def unit(session: AsyncSession) -> int:
+            session.add(Item(key=f"k{i}", unit=i))
+            return i
+
+        return unit
+
+    def sync_unit(session: Session) -> int:
+        session.add(Item(key=f"k{i}", unit=i))
+        return i
+
+    return sync_unit
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("items_table")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize(("kind", "driver"), DRIVER_CASES, ids=DRIVER_IDS)
+async def test_a_unit_whose_writes_only_commit_sends_is_looked_up_too(
+    proxied: ProxiedRunners, cutter: CommitCutter, admin: Engine, kind: str, driver: str
+) -> None:
+    """
+    A unit that only adds objects (the COMMIT flushes them): its transaction id is read after that
+    flush, so a cut COMMIT the server committed is ok, not "wrote nothing" and run again.
+    """
+    runner = proxied.runner(kind, driver, limit=1, retry=RetryPolicy(attempts=5, initial_delay=0.01))
+    is_async = kind != "threads"
+    assert (await runner.run([adding_only(is_async, 0)])).values() == [0]  # connected, warm
+    cutter.arm(1)
+    report = await runner.run([adding_only(is_async, 1)])
+    [outcome] = report.outcomes
+    assert cutter.cuts == 1
+    assert (outcome.ok, outcome.value, outcome.commit_verified, outcome.attempts) == (True, 1, True, 1)
+    assert committed_units(admin) == [0, 1]
+
 
 
 @pytest.mark.anyio

@@ -118,9 +118,9 @@ async def attempt_async(
             raise
         if session.sync_session.get_transaction() is not transaction:
             raise UnitMisuse(ended_transaction_message(index))
-        if xid_sql is not None and guard.connection is not None:  # a unit that sent nothing has none
+        if xid_sql is not None:
             try:
-                xid = await session.run_sync(_read_xid, xid_sql)
+                xid = await session.run_sync(_flush_and_read_xid, xid_sql, guard)
             except Exception as error:  # before COMMIT: a failure like any of the unit's own
                 _note_failure(dialect, guard, error)
                 raise
@@ -150,7 +150,11 @@ async def attempt_async(
             guard.closed()
 
 
-def _read_xid(session: Session, xid_sql: str) -> Any:
+def _flush_and_read_xid(session: Session, xid_sql: str, guard: AsyncGuard) -> Any:
+    """The transaction's id once the unit's pending changes are sent, as COMMIT would send them first."""
+    session.flush()
+    if guard.connection is None:  # it sent nothing, so it has no id
+        return None
     return session.connection().exec_driver_sql(xid_sql).scalar()
 
 
@@ -241,6 +245,7 @@ def attempt_sync(
         xid = None
         if xid_sql is not None:
             try:
+                session.flush()  # what COMMIT would send first: the id must cover it
                 xid = connection.exec_driver_sql(xid_sql).scalar()
             except Exception as error:  # before COMMIT: a failure like any of the unit's own
                 dialect.note_lost_connection(error, dbapi_connection)
