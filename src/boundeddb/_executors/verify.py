@@ -2,8 +2,9 @@
 Verified commits (``verify_commits=True``): what became of a COMMIT whose connection was lost.
 
 Just before COMMIT, once the unit's pending changes are flushed, the transaction script reads the
-transaction's id on the unit's own connection (the dialect's ``current_xid_sql``; ``NULL`` for a unit that wrote nothing, which then needs nothing
-more: if its COMMIT fails, nothing of it was committed). If the COMMIT fails with a lost
+transaction's id on the unit's own connection (the dialect's ``current_xid_sql``; ``NULL`` for a
+unit that wrote nothing, which then needs nothing more: if its COMMIT fails, nothing of it was
+committed). If the COMMIT fails with a lost
 connection or a timeout, the attempt closes its session as always (the broken connection is
 discarded and checked in), and then — still in the unit's slot, so
 that the runner never holds more connections than its limit — a connection from the same engine
