@@ -64,6 +64,7 @@ _INVENTORIES = {
     "sqlalchemy": ("SQLAlchemy", "2.0", "https://docs.sqlalchemy.org/en/20/"),
     "anyio": ("AnyIO", "4", "https://anyio.readthedocs.io/en/stable/"),
     "rich": ("Rich", "13", "https://rich.readthedocs.io/en/stable/"),
+    "distributed": ("Dask.distributed", "2024", "https://distributed.dask.org/en/stable/"),
 }
 
 

@@ -19,6 +19,9 @@ from boundeddb import (
     RunStats,
     UnitMisuseError,
     UnitTimeout,
+    UnpicklableError,
+    WorkerLostError,
+    WorkerStartError,
 )
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -75,6 +78,9 @@ def test_every_exported_error_derives_from_bounded_db_error() -> None:
         RunnerClosedError,
         UnitMisuseError,
         UnitTimeout,
+        UnpicklableError,
+        WorkerLostError,
+        WorkerStartError,
     }
     assert all(issubclass(error, BoundedDBError) for error in errors)
     assert BoundedDBError.__bases__ == (Exception,)
@@ -88,6 +94,9 @@ def test_every_exported_error_derives_from_bounded_db_error() -> None:
         (UnitMisuseError, TypeError),
         (RunnerClosedError, RuntimeError),
         (RunnerBusyElsewhereError, RuntimeError),
+        (WorkerLostError, RuntimeError),
+        (WorkerStartError, RuntimeError),
+        (UnpicklableError, TypeError),
     ],
 )
 def test_each_leaf_also_subclasses_the_closest_builtin(error: type[Exception], builtin: type) -> None:

@@ -7,6 +7,9 @@ rollback on failure, at most ``limit`` units (so connections) in flight:
 - :class:`SemaphoreRunner` — async units in a sliding window.
 - :class:`ChunkedRunner` — async units in fixed chunks with a barrier between them.
 - :class:`ThreadOffloadRunner` — sync units in a bounded thread pool, from asyncio, trio or sync code.
+
+:class:`ProcessRunner` spreads ``fn(session, item)`` over worker processes (or a Dask cluster)
+under one connection budget, each worker running one of the first and third.
 """
 
 from __future__ import annotations
@@ -22,11 +25,15 @@ from ._errors import (
     RunnerClosedError,
     UnitMisuseError,
     UnitTimeout,
+    UnpicklableError,
+    WorkerLostError,
+    WorkerStartError,
 )
 from ._outcome import Outcome, RunReport
 from ._pgbouncer import pgbouncer_engine_options
 from ._retry import RetryPolicy, is_transient
 from ._runners.chunked import ChunkedRunner
+from ._runners.process import ProcessRunner
 from ._runners.semaphore import SemaphoreRunner
 from ._runners.thread_offload import ThreadOffloadRunner
 from ._stats import RunnerStatistics, RunStats
@@ -41,6 +48,7 @@ __all__ = [
     "BoundedDBError",
     "ChunkedRunner",
     "Outcome",
+    "ProcessRunner",
     "RetryPolicy",
     "RunFailed",
     "RunReport",
@@ -52,6 +60,9 @@ __all__ = [
     "ThreadOffloadRunner",
     "UnitMisuseError",
     "UnitTimeout",
+    "UnpicklableError",
+    "WorkerLostError",
+    "WorkerStartError",
     "__version__",
     "is_transient",
     "pgbouncer_engine_options",

@@ -8,7 +8,10 @@
           ├── UnitTimeout             (also a TimeoutError)
           ├── UnitMisuseError         (also a TypeError)
           ├── RunnerClosedError       (also a RuntimeError)
-          └── RunnerBusyElsewhereError (also a RuntimeError)
+          ├── RunnerBusyElsewhereError (also a RuntimeError)
+          ├── WorkerLostError         (also a RuntimeError; ProcessRunner)
+          ├── WorkerStartError        (also a RuntimeError; ProcessRunner)
+          └── UnpicklableError        (also a TypeError; ProcessRunner)
 
 Bad arguments raise the builtin :class:`TypeError` or :class:`ValueError`.
 A unit's own exception is never wrapped: :meth:`~boundeddb.SemaphoreRunner.submit` raises it unchanged,
@@ -36,6 +39,9 @@ __all__ = [
     "RunnerClosedError",
     "UnitMisuseError",
     "UnitTimeout",
+    "UnpicklableError",
+    "WorkerLostError",
+    "WorkerStartError",
 ]
 
 
@@ -143,4 +149,42 @@ class RunnerBusyElsewhereError(BoundedDBError, RuntimeError):
     :meth:`~boundeddb.ThreadOffloadRunner.run_sync`), sharing the engine if you like.
 
     .. versionadded:: 0.1.0
+    """
+
+
+class WorkerLostError(BoundedDBError, RuntimeError):
+    """
+    The worker process running a unit of a :class:`~boundeddb.ProcessRunner` died.
+
+    The unit's transaction died with the process's connection, unless its COMMIT had been sent:
+    then :attr:`Outcome.commit_unknown <boundeddb.Outcome.commit_unknown>` is set (or, with
+    ``verify_commits=True``, the runner asked the server and the outcome says what it answered).
+    Units the worker had been handed but not started ran on another worker instead.
+
+    .. versionadded:: 0.3.0
+    """
+
+
+class WorkerStartError(BoundedDBError, RuntimeError):
+    """
+    A :class:`~boundeddb.ProcessRunner` could not start its worker processes.
+
+    Raised by a call when a worker exits before it is ready, again and again; the ``__cause__``
+    or the message says why (often a main module without an ``if __name__ == "__main__":`` guard,
+    or a package the workers cannot import).
+
+    .. versionadded:: 0.3.0
+    """
+
+
+class UnpicklableError(BoundedDBError, TypeError):
+    """
+    A unit's item, value or exception could not cross the process boundary of a
+    :class:`~boundeddb.ProcessRunner` (:mod:`pickle`).
+
+    An item that cannot be pickled is never started; a value that cannot be pickled fails the unit
+    before its COMMIT, so it is rolled back; an exception that cannot be pickled is replaced by
+    this error, whose message names the original's type and text.
+
+    .. versionadded:: 0.3.0
     """

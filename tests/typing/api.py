@@ -22,6 +22,7 @@ from boundeddb import (
     BoundedDBError,
     ChunkedRunner,
     Outcome,
+    ProcessRunner,
     RetryPolicy,
     RunFailed,
     RunnerStatistics,
@@ -30,6 +31,9 @@ from boundeddb import (
     SemaphoreRunner,
     ThreadOffloadRunner,
     UnitTimeout,
+    UnpicklableError,
+    WorkerLostError,
+    WorkerStartError,
     is_transient,
     pgbouncer_engine_options,
 )
@@ -234,3 +238,30 @@ async def mistakes_the_checker_catches() -> None:
     _ = await threads.submit(unit)  # type: ignore[arg-type]
     await runner.map(fn, [1, 2])  # type: ignore[arg-type]
     RetryPolicy(retry_on=3)  # type: ignore[arg-type]
+
+
+async def async_item(session: AsyncSession, item: int) -> str:
+    return str(item)
+
+
+def sync_item(session: Session, item: int) -> bytes:
+    return b""
+
+
+async def across_processes() -> None:
+    async with ProcessRunner("postgresql+psycopg://app@db/app", limit=8, processes=2) as runner:
+        assert_type(await runner.map(async_item, [1, 2]), RunReport[str])
+        assert_type(await runner.map(sync_item, range(3)), RunReport[bytes])
+        assert_type(runner.limit, int)
+        assert_type(runner.processes, int)
+    with ProcessRunner("postgresql+psycopg://app@db/app", limit=8, errors="collect") as sync_runner:
+        assert_type(sync_runner.map_sync(sync_item, [1]), RunReport[bytes])
+        assert_type(sync_runner.map_sync(async_item, [1]), RunReport[str])
+    ProcessRunner("postgresql://db/app")  # type: ignore[call-arg]
+    ProcessRunner("postgresql://db/app", limit=2, errors="ignore")  # type: ignore[arg-type]
+    try:
+        pass
+    except WorkerLostError as lost:
+        assert_type(lost, WorkerLostError)
+    except (WorkerStartError, UnpicklableError):
+        pass

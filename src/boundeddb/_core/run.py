@@ -23,7 +23,7 @@ from .._stats import RunStats
 from .recorder import NullRecorder
 from .watch import OutcomeHook
 
-__all__ = ["REFUSED", "ListSink", "Run", "Sink", "StreamSink", "ValueSink", "next_outcome"]
+__all__ = ["REFUSED", "ListSink", "Run", "Sink", "StreamSink", "ValueSink", "failures_error", "next_outcome"]
 
 
 #: What :meth:`Run.pull` returns for a unit that failed its check and was settled on the spot.
@@ -257,19 +257,24 @@ class Run(Generic[SinkT]):
             raise self.input_error
         if self.hook is not None and self.hook.error is not None:
             raise self.hook.error
-        if not self._stop_on_failure:
-            return
-        failures = [o.error for o in report.outcomes if o.error is not None]
-        if failures:
-            first = next(o for o in report.outcomes if o.error is not None)
-            message = (
-                f"{len(failures)} of {report.stats.submitted} units failed "
-                f"(first: unit {first.index}: {type(first.error).__qualname__}); "
-                "the rest committed or were never started"
-            )
-            raise RunFailed(message, failures, report=report)
+        if self._stop_on_failure and (failed := failures_error(report)) is not None:
+            raise failed
 
     def report(self, outcomes: list[Outcome[Any]], stats: RunStats) -> RunReport[Any]:
         report = RunReport(outcomes, stats)
         self.raise_for(report)
         return report
+
+
+def failures_error(report: RunReport[Any]) -> RunFailed | None:
+    """The :class:`RunFailed` that ``errors="raise"`` owes for ``report``'s failed units, if any failed."""
+    failures = [o.error for o in report.outcomes if o.error is not None]
+    if not failures:
+        return None
+    first = next(o for o in report.outcomes if o.error is not None)
+    message = (
+        f"{len(failures)} of {report.stats.submitted} units failed "
+        f"(first: unit {first.index}: {type(first.error).__qualname__}); "
+        "the rest committed or were never started"
+    )
+    return RunFailed(message, failures, report=report)

@@ -1,0 +1,1 @@
+"""ProcessRunner's two sides: the parent (fleet, call, ledger), the workers (worker), their protocol."""

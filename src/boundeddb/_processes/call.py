@@ -1,0 +1,190 @@
+"""One ``ProcessRunner.map()`` call on the parent's side: items out to the workers until all have settled."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from time import perf_counter
+from typing import Any
+
+import anyio
+
+from .._core.recorder import LoopLag
+from .._errors import UnpicklableError
+from .._outcome import Outcome, RunReport
+from . import protocol as p
+from .fleet import Fleet, Link
+from .ledger import Ledger
+from .protocol import Kind
+
+__all__ = ["CANCEL_GRACE_S", "Call"]
+
+#: How long a cancelled call waits for its workers to roll back before it kills them (seconds).
+CANCEL_GRACE_S = 30.0
+_END = object()
+
+
+class _Input:
+    """Pulls items from a sync or async iterable, one at a time."""
+
+    def __init__(self, items: Iterable[Any] | AsyncIterable[Any]) -> None:
+        self._sync: Iterator[Any] | None = None
+        self._async: AsyncIterator[Any] | None = None
+        if isinstance(items, AsyncIterable):
+            self._async = aiter(items)
+        else:
+            self._sync = iter(items)
+
+    async def next(self) -> Any:
+        if self._sync is not None:
+            return next(self._sync, _END)
+        assert self._async is not None
+        return await anext(self._async, _END)
+
+
+class Call:
+    """Hands a call's items to the workers as they have room, and waits until every unit has settled."""
+
+    def __init__(self, fleet: Fleet, kind: Kind, fn: bytes, *, stop_on_failure: bool, verify: bool) -> None:
+        self.fleet = fleet
+        self.ledger = ledger = Ledger(kind, stop_on_failure=stop_on_failure, verify=verify)
+        fleet.register(ledger)
+        self._call_message = pickle.dumps((p.CALL, ledger.id, kind.value, fn))
+        #: Workers told to stop or close the call, and those told to cancel it.
+        self._told: set[Link] = set()
+        self._cancel_told: set[Link] = set()
+        self.exhausted = False
+        self.input_error: BaseException | None = None
+        self._next_index = 0
+        self._started = perf_counter()
+
+    async def run(self, items: Iterable[Any] | AsyncIterable[Any]) -> None:
+        """Hand the items out until every unit has settled and every worker closed the call."""
+        pull = _Input(items)
+        try:
+            while True:
+                await self._hand_out(pull)
+                if self._finished():
+                    return
+                await self.ledger.wait()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._cancel()
+            raise
+        finally:
+            self.fleet.unregister(self.ledger)
+            self.ledger.close()
+
+    def report(self, limit: int, loop_lag: LoopLag | None) -> RunReport[Any]:
+        """The call's report, or what it owes its caller (see :meth:`Ledger.report`)."""
+        return self.ledger.report(self._started, limit, loop_lag, self.input_error)
+
+    def _room(self) -> dict[Link, int]:
+        """How many more units each serving worker takes now (under the lock): up to twice its share."""
+        return {
+            link: 2 * link.slot.share - link.handed
+            for link in self.fleet.ready_links()
+            if link.handed <= link.slot.share
+        }
+
+    async def _pull(self, pull: _Input, wanted: int) -> list[tuple[int, bytes]]:
+        """Up to ``wanted`` new items, numbered and pickled; one that cannot be pickled settles here."""
+        ledger, new = self.ledger, list[tuple[int, bytes]]()
+        while len(new) < wanted and not self.exhausted:
+            try:
+                item = await pull.next()
+            except Exception as error:  # the caller's input failed: stop, then raise it
+                self.input_error, self.exhausted = error, True
+                with self.fleet.lock:
+                    ledger.stopping = True
+                break
+            if item is _END:
+                self.exhausted = True
+                break
+            index = self._next_index
+            self._next_index += 1
+            try:
+                new.append((index, pickle.dumps(item, pickle.HIGHEST_PROTOCOL)))
+            except Exception as error:
+                msg = (
+                    f"item {index} ({type(item).__qualname__}) cannot be pickled to send it to a worker "
+                    f"process ({type(error).__qualname__}: {error}): pass plain data, e.g. ids or tuples"
+                )
+                with self.fleet.lock:
+                    ledger.settle(Outcome(index, None, UnpicklableError(msg), 0.0, 0.0, attempts=0))
+                if ledger.stopping:
+                    break
+        return new
+
+    async def _hand_out(self, pull: _Input) -> None:
+        fleet, ledger = self.fleet, self.ledger
+        with fleet.lock:
+            if fleet.broken is not None and ledger.error is None:
+                ledger.error, ledger.stopping = fleet.broken, True
+                for index in list(ledger.verifying):
+                    ledger.on_verified(index, "unknown")
+            wanted = 0 if ledger.stopping else sum(self._room().values()) - len(ledger.pending)
+        new = await self._pull(pull, wanted)
+        sends: list[tuple[Link, bytes]] = []
+        with fleet.lock:
+            ledger.pending.extend(new)
+            if ledger.stopping:
+                ledger.pending.clear()
+                sends += self._tell(p.STOP)
+            else:
+                for link, room in self._room().items():
+                    batch = [ledger.pending.popleft() for _ in range(min(room, len(ledger.pending)))]
+                    if not batch:
+                        continue
+                    if link not in ledger.open_on:
+                        ledger.open_on.add(link)
+                        sends.append((link, self._call_message))
+                    for index, item in batch:
+                        ledger.where[index] = (link, item)
+                    link.handed += len(batch)
+                    sends.append((link, pickle.dumps((p.UNITS, ledger.id, batch))))
+                if self.exhausted and not (ledger.pending or ledger.where or ledger.verifying):
+                    sends += self._tell(p.CLOSE)
+        for link, data in sends:
+            link.send(data)
+
+    def _tell(self, tag: int) -> list[tuple[Link, bytes]]:
+        """STOP or CLOSE for each worker the call is open on and that was not told yet (under the lock)."""
+        links = self.ledger.open_on - self._told
+        self._told |= links
+        message = pickle.dumps((tag, self.ledger.id))
+        return [(link, message) for link in links]
+
+    def _finished(self) -> bool:
+        ledger = self.ledger
+        with self.fleet.lock:
+            waiting = ledger.pending and not ledger.stopping
+            busy = ledger.where or ledger.verifying or ledger.open_on or waiting
+            return (self.exhausted or ledger.stopping) and not busy
+
+    async def _cancel(self) -> None:
+        """Cancel the units in flight on every worker, and wait until they are rolled back."""
+        fleet, ledger = self.fleet, self.ledger
+        with fleet.lock:
+            ledger.cancelled = ledger.stopping = True
+            ledger.pending.clear()
+            links = list(ledger.open_on - self._cancel_told)
+            self._cancel_told.update(links)
+        message = pickle.dumps((p.CANCEL, ledger.id))
+        for link in links:
+            link.send(message)
+        await self._until_closed()
+        with fleet.lock:
+            stuck = list(ledger.open_on)
+        for link in stuck:  # its units end with its connections
+            link.started.kill()
+        await self._until_closed()
+
+    async def _until_closed(self) -> None:
+        """Until every worker closed the call (or died), at most :data:`CANCEL_GRACE_S`."""
+        with anyio.move_on_after(CANCEL_GRACE_S):
+            while True:
+                with self.fleet.lock:
+                    if not self.ledger.open_on:
+                        return
+                await self.ledger.wait()

@@ -1,0 +1,283 @@
+"""A ProcessRunner's workers: one thread per slot starts a worker, reads it, and replaces it when it dies."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import pickle
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Protocol
+
+from .._errors import WorkerStartError
+from . import protocol as p
+from .backends import Backend, Started
+from .protocol import Kind, WorkerConfig
+
+__all__ = ["CallState", "Fleet", "Link", "Slot"]
+
+logger = logging.getLogger("boundeddb.processes")
+
+#: A slot whose workers end before they are ready this many times in a row breaks the runner.
+START_ATTEMPTS = 3
+#: How long a worker told to exit may take before it is killed (seconds).
+EXIT_GRACE_S = 10.0
+
+
+class CallState(Protocol):
+    """What a slot's reader thread tells a call in progress (``ledger.Ledger``), under the fleet's lock."""
+
+    id: int
+    kind: Kind
+
+    def on_message(self, link: Link, message: tuple[Any, ...]) -> None: ...
+
+    def on_lost(self, link: Link, why: str) -> tuple[bool, list[tuple[int, str]]]:
+        """``link``'s worker died: whether the call held anything there, and the COMMITs to ask about."""
+        ...
+
+    def on_verified(self, index: int, status: str) -> None: ...
+
+    def wake(self) -> None:
+        """Wake the call's loop (outside the lock)."""
+        ...
+
+
+class Link:
+    """One worker's life in a slot: its pipe, how many units it holds, and whether it serves yet."""
+
+    def __init__(self, slot: Slot, started: Started) -> None:
+        self.slot = slot
+        self.started = started
+        self._send_lock = threading.Lock()
+        self.ready = False
+        self.dead = False
+        #: Units of any call handed to this worker and not yet settled or given back.
+        self.handed = 0
+        #: COMMITs of a dead predecessor this worker was asked about: (call, index).
+        self.verifying: list[tuple[int, int]] = []
+
+    def send(self, data: bytes) -> bool:
+        """Send a message (any thread); ``False`` if the worker is gone (its reader settles the rest)."""
+        with self._send_lock:
+            try:
+                self.started.connection.send_bytes(data)
+            except (OSError, ValueError):
+                return False
+            return True
+
+    def name(self) -> str:
+        return f"worker {self.slot.number}"
+
+
+class Slot:
+    """A place for one worker: its share of the limit, filled again when its worker dies."""
+
+    def __init__(self, number: int, config: WorkerConfig) -> None:
+        self.number = number
+        self.config = config
+        self.share = config.share
+        self.link: Link | None = None
+        #: Workers that ended before they were ready, in a row.
+        self.failed_starts = 0
+        #: COMMITs a dead worker had begun, to ask the next one about: kind -> [(call, index, xid)].
+        self.to_verify: dict[Kind, list[tuple[int, int, str]]] = defaultdict(list)
+
+
+class Fleet:
+    """The workers of one runner, the threads that tend them, and the calls in progress."""
+
+    def __init__(self, backend: Backend, configs: list[WorkerConfig]) -> None:
+        self.backend = backend
+        self.lock = threading.Lock()
+        self.slots = [Slot(number, config) for number, config in enumerate(configs)]
+        self.calls: dict[int, CallState] = {}
+        self.closing = False
+        #: Set when workers cannot be started: every call raises it.
+        self.broken: BaseException | None = None
+        self._threads: list[threading.Thread] = []
+        self._call_ids = itertools.count(1)
+        self._idle = threading.Condition(self.lock)
+
+    # -- life -----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start a thread per slot (once): each starts its worker and keeps one there."""
+        with self.lock:
+            if self._threads or self.closing:
+                return
+            self._threads = [
+                threading.Thread(
+                    target=self._tend, args=(slot,), name=f"boundeddb-slot-{slot.number}", daemon=True
+                )
+                for slot in self.slots
+            ]
+        for thread in self._threads:
+            thread.start()
+
+    def ready_links(self) -> list[Link]:
+        """The workers that serve now (under the lock)."""
+        return [
+            link for slot in self.slots if (link := slot.link) is not None and link.ready and not link.dead
+        ]
+
+    def register(self, call: CallState) -> None:
+        """Give ``call`` its id and tell it what the workers say of it from now on."""
+        with self.lock:
+            call.id = next(self._call_ids)
+            self.calls[call.id] = call
+
+    def unregister(self, call: CallState) -> None:
+        with self.lock:
+            self.calls.pop(call.id, None)
+            self._idle.notify_all()
+
+    def close(self, timeout: float = EXIT_GRACE_S) -> None:
+        """Wait for the calls in progress, tell every worker to exit, and wait for it (kill it if need be)."""
+        with self.lock:
+            while self.calls:
+                self._idle.wait()
+            self.closing = True
+            links = [slot.link for slot in self.slots if slot.link is not None]
+        exit_message = pickle.dumps((p.EXIT,))
+        for link in links:
+            link.send(exit_message)
+        deadline = time.monotonic() + timeout
+        for link in links:
+            if not link.started.wait(max(0.0, deadline - time.monotonic())):
+                logger.warning("%s did not exit within %s s: killing it", link.name(), timeout)
+                link.started.kill()
+                link.started.wait(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
+        self.backend.close()
+
+    # -- a slot's thread ------------------------------------------------------------------------------
+
+    def _done(self) -> bool:
+        """Whether no worker is to be started any more: the runner closes, or is broken (under the lock)."""
+        return self.closing or self.broken is not None
+
+    def _tend(self, slot: Slot) -> None:
+        while True:
+            with self.lock:
+                if self._done():
+                    return
+            try:
+                started = self.backend.start(slot.number, slot.config)
+            except Exception as error:
+                if self._start_failed(
+                    slot, f"it could not be started ({type(error).__name__}: {error})", error
+                ):
+                    return
+                time.sleep(0.5)
+                continue
+            link = Link(slot, started)
+            with self.lock:
+                slot.link = link
+                if self.closing:
+                    link.send(pickle.dumps((p.EXIT,)))
+            self._read(link)
+            started.wait(EXIT_GRACE_S if self.closing else 1.0)
+            why = started.describe_end()
+            with contextlib.suppress(OSError):
+                started.connection.close()
+            for call in self._lost(link, why):
+                call.wake()
+            if not link.ready and self._start_failed(slot, why, None):
+                return
+
+    def _start_failed(self, slot: Slot, why: str, error: BaseException | None) -> bool:
+        """Count a worker that never became ready; ``True`` if the runner is broken now."""
+        with self.lock:
+            if self.closing:
+                return True
+            slot.failed_starts += 1
+            if slot.failed_starts < START_ATTEMPTS:
+                logger.warning(
+                    "%s %d ended before it was ready (%s): starting another",
+                    self.backend.noun,
+                    slot.number,
+                    why,
+                )
+                return False
+            msg = (
+                f"{self.backend.noun} {slot.number} ended before it was ready {START_ATTEMPTS} times; last: "
+                f"{why}. Workers are started with 'spawn': they import the module of fn and the main "
+                'module again, which must be importable and guarded by `if __name__ == "__main__":`. '
+                "Its standard error says more."
+            )
+            broken = WorkerStartError(msg)
+            broken.__cause__ = error
+            self.broken = broken
+            calls = list(self.calls.values())
+        for call in calls:
+            call.wake()
+        return True
+
+    def _read(self, link: Link) -> None:
+        """Handle the worker's messages until its pipe ends, then settle what it held."""
+        connection = link.started.connection
+        try:
+            while True:
+                messages = [pickle.loads(connection.recv_bytes())]
+                while connection.poll():
+                    messages.append(pickle.loads(connection.recv_bytes()))
+                woken = self._handle(link, messages)
+                for call in woken:
+                    call.wake()
+        except (EOFError, OSError):
+            pass
+
+    def _handle(self, link: Link, messages: list[tuple[Any, ...]]) -> set[CallState]:
+        woken: set[CallState] = set()
+        with self.lock:
+            for message in messages:
+                tag = message[0]
+                if tag == p.READY:
+                    self._ready(link)
+                    woken.update(self.calls.values())
+                    continue
+                call = self.calls.get(message[1])
+                if call is not None:
+                    call.on_message(link, message)
+                    woken.add(call)
+        return woken
+
+    def _ready(self, link: Link) -> None:
+        """A worker serves: ask it first about the COMMITs its slot's previous worker had begun."""
+        link.ready = True
+        slot = link.slot
+        slot.failed_starts = 0
+        for kind, requests in slot.to_verify.items():
+            if requests:
+                link.verifying.extend((call, index) for call, index, _ in requests)
+                link.send(pickle.dumps((p.VERIFY, kind.value, list(requests))))
+        slot.to_verify.clear()
+
+    def _lost(self, link: Link, why: str) -> set[CallState]:
+        """The worker is gone: settle or hand back what it held, in every call."""
+        with self.lock:
+            link.dead = True
+            slot = link.slot
+            if slot.link is link:
+                slot.link = None
+            woken: set[CallState] = set()
+            for call in self.calls.values():
+                touched, requests = call.on_lost(link, why)
+                if touched:
+                    woken.add(call)
+                slot.to_verify[call.kind].extend((call.id, index, xid) for index, xid in requests)
+            unanswered = [(call_id, index) for call_id, index in link.verifying]  # died before it answered
+            link.verifying.clear()
+            if self._done():  # no next worker to ask
+                for asked in slot.to_verify.values():
+                    unanswered.extend((call_id, index) for call_id, index, _ in asked)
+                slot.to_verify.clear()
+            for call_id, index in unanswered:
+                if (waiting := self.calls.get(call_id)) is not None:
+                    waiting.on_verified(index, "unknown")
+                    woken.add(waiting)
+            return woken

@@ -1,0 +1,245 @@
+"""
+What the parent knows of each unit of one ``ProcessRunner.map()`` call, and when.
+
+Each unit the call pulled from the input is, at every moment, in exactly one of these states
+(all under the fleet's lock, changed by the call's loop or by a slot's reader thread):
+
+- *pending*: pulled, not handed to a worker (or handed back: returned, or its worker died
+  before it started it);
+- *handed*: sent to a worker, which has not said it started it (``where[i] = (link, item)``);
+- *started*: the worker said so before the unit's first statement (``where[i] = (link, None)``);
+- *committing*: also sent its value and transaction id, before its COMMIT;
+- *verifying*: its worker died while committing it, and the next worker in the slot asks the
+  server what became of it (``verify_commits=True``);
+- *settled*: it has an outcome.
+
+A dead worker's handed units go back to pending (they run elsewhere: nothing is lost), its
+started ones settle as failures (nothing runs twice), with ``commit_unknown`` for those committing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import socket
+from collections import deque
+from time import perf_counter
+from typing import Any
+
+import anyio
+
+from .._core.recorder import LoopLag
+from .._core.run import failures_error
+from .._errors import UnpicklableError, WorkerLostError
+from .._outcome import Outcome, RunReport
+from .._stats import RunStats, percentile
+from . import protocol as p
+from .fleet import Link
+from .protocol import Kind
+
+__all__ = ["Ledger"]
+
+
+class Ledger:
+    """The states of one call's units (see the module docstring), and the wake-up of the call's loop."""
+
+    def __init__(self, kind: Kind, *, stop_on_failure: bool, verify: bool) -> None:
+        self.id = 0  # set when the fleet registers it
+        self.kind = kind
+        self.stop_on_failure = stop_on_failure
+        self.verify = verify
+        self.pending: deque[tuple[int, bytes]] = deque()
+        self.where: dict[int, tuple[Link, bytes | None]] = {}
+        self.started: dict[int, float] = {}
+        self.committing: dict[int, tuple[str | None, bytes]] = {}
+        self.verifying: dict[int, float] = {}
+        self.outcomes: list[Outcome[Any]] = []
+        #: Workers this call is open on (CALL sent, CLOSED not yet received).
+        self.open_on: set[Link] = set()
+        self.stopping = False
+        self.cancelled = False
+        self.error: BaseException | None = None
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.peaks: dict[Link, int] = {}
+        self._wakeup, self._waker = socket.socketpair()
+        self._wakeup.setblocking(False)
+        self._waker.setblocking(False)
+
+    # -- from a slot's reader thread, under the fleet's lock ------------------------------------------
+
+    def wake(self) -> None:
+        """Wake the call's loop (any thread)."""
+        with contextlib.suppress(OSError):  # BlockingIOError: a wake-up is pending already
+            self._waker.send(b"\0")
+
+    def settle(self, outcome: Outcome[Any]) -> None:
+        """Record a unit's outcome; with errors="raise", a failure stops the call (under the lock)."""
+        self.outcomes.append(outcome)
+        if outcome.error is not None and self.stop_on_failure:
+            self.stopping = True
+
+    def _unstart(self, index: int) -> float:
+        self.in_flight -= 1
+        return self.started.pop(index)
+
+    def on_message(self, link: Link, message: tuple[Any, ...]) -> None:
+        tag = message[0]
+        if tag == p.STARTED:
+            index = message[2]
+            self.where[index] = (link, None)
+            self.started[index] = perf_counter()
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        elif tag == p.COMMITTING:
+            self.committing[message[2]] = (message[3], message[4])
+        elif tag == p.OUTCOME:
+            _, _, index, latency, wait, attempts, unknown, verified, failed, data, text = message
+            del self.where[index]
+            link.handed -= 1
+            self._unstart(index)
+            payload = self.committing.pop(index, (None, None))[1]
+            value, error = None, None
+            if failed:
+                error = p.load_error(data, text, index)
+            else:
+                value, error = _load_value(payload, index)
+            self.settle(Outcome(index, value, error, latency, wait, attempts, unknown, verified))
+        elif tag == p.RETURNED:
+            for index in message[2]:
+                _, item = self.where.pop(index)
+                link.handed -= 1
+                if item is not None and not self.stopping:
+                    self.pending.appendleft((index, item))
+        elif tag == p.CLOSED:
+            self.open_on.discard(link)
+            self.peaks[link] = message[2]
+        elif tag == p.CALL_FAILED:
+            if self.error is None:
+                self.error = p.load_error(message[2], message[3], -1)
+            self.stopping = True
+        elif tag == p.VERIFIED:
+            if (self.id, message[2]) in link.verifying:
+                link.verifying.remove((self.id, message[2]))
+            self.on_verified(message[2], message[3])
+
+    def on_lost(self, link: Link, why: str) -> tuple[bool, list[tuple[int, str]]]:
+        """``link``'s worker died: whether this call held anything there, and the COMMITs to ask about."""
+        touched = link in self.open_on
+        self.open_on.discard(link)
+        to_verify: list[tuple[int, str]] = []
+        now = perf_counter()
+        for index, (held_by, item) in list(self.where.items()):
+            if held_by is not link:
+                continue
+            touched = True
+            del self.where[index]
+            if item is not None:  # handed, never started: it runs elsewhere
+                if not self.stopping:
+                    self.pending.appendleft((index, item))
+                continue
+            started = self._unstart(index)
+            error = WorkerLostError(f"unit {index} was running when its {link.name()} died: {why}")
+            committing = self.committing.get(index)
+            if committing is None:  # no COMMIT sent: its transaction died with the connection
+                self.settle(Outcome(index, None, error, now - started, 0.0))
+            elif self.verify and committing[0] is not None and not self.cancelled:
+                self.verifying[index] = started
+                to_verify.append((index, committing[0]))
+            else:  # with verify_commits and no id, it wrote nothing: nothing of it was committed
+                del self.committing[index]
+                nothing = self.verify and committing[0] is None
+                self.settle(
+                    Outcome(
+                        index,
+                        None,
+                        error,
+                        now - started,
+                        0.0,
+                        commit_unknown=not nothing,
+                        commit_verified=nothing,
+                    )
+                )
+        return touched, to_verify
+
+    def on_verified(self, index: int, status: str) -> None:
+        """What the server said of a COMMIT whose worker died (``"unknown"`` if nobody could ask)."""
+        started = self.verifying.pop(index, None)
+        if started is None:
+            return
+        _, payload = self.committing.pop(index)
+        latency = perf_counter() - started
+        error = WorkerLostError(f"unit {index}'s worker died while it committed the unit")
+        if status == "committed":
+            value, failure = _load_value(payload, index)
+            self.settle(Outcome(index, value, failure, latency, 0.0, commit_verified=failure is None))
+        elif status == "aborted":
+            self.settle(Outcome(index, None, error, latency, 0.0, commit_verified=True))
+        else:
+            self.settle(Outcome(index, None, error, latency, 0.0, commit_unknown=True))
+
+    # -- the call's loop's side -----------------------------------------------------------------------
+
+    async def wait(self) -> None:
+        """Until a reader thread calls :meth:`wake` (at once if it did since the last wait)."""
+        await anyio.wait_readable(self._wakeup)
+        with contextlib.suppress(BlockingIOError):
+            while self._wakeup.recv(4096):
+                pass
+
+    def close(self) -> None:
+        self._wakeup.close()
+        self._waker.close()
+
+    def report(
+        self, started: float, limit: int, loop_lag: LoopLag | None, input_error: BaseException | None
+    ) -> RunReport[Any]:
+        """The call's report, or what it owes its caller: the input's error, a worker's, or RunFailed."""
+        elapsed = perf_counter() - started
+        outcomes = sorted(self.outcomes, key=lambda outcome: outcome.index)
+        latencies = sorted(outcome.latency_s for outcome in outcomes)
+        succeeded = sum(1 for outcome in outcomes if outcome.error is None)
+        lag_p99, lag_max = loop_lag.summary() if loop_lag is not None else (None, None)
+        stats = RunStats(
+            submitted=len(outcomes),
+            succeeded=succeeded,
+            failed=len(outcomes) - succeeded,
+            elapsed_s=elapsed,
+            throughput=len(outcomes) / elapsed if elapsed > 0 else 0.0,
+            latency_p50_s=percentile(latencies, 0.50),
+            latency_p95_s=percentile(latencies, 0.95),
+            latency_p99_s=percentile(latencies, 0.99),
+            latency_max_s=latencies[-1] if latencies else 0.0,
+            peak_in_flight=self.peak_in_flight,
+            peak_connections=sum(self.peaks.values()),
+            loop_lag_p99_s=lag_p99,
+            loop_lag_max_s=lag_max,
+            retried=sum(max(0, outcome.attempts - 1) for outcome in outcomes),
+            limit_min=limit,
+            limit_max=limit,
+            limit_final=limit,
+            limit_trace=((0.0, limit),),
+            commits_verified=sum(1 for outcome in outcomes if outcome.commit_verified),
+        )
+        report = RunReport(outcomes, stats)
+        if input_error is not None:
+            raise input_error
+        if self.error is not None:
+            raise self.error
+        if self.stop_on_failure and (failed := failures_error(report)) is not None:
+            raise failed
+        return report
+
+
+def _load_value(payload: bytes | None, index: int) -> tuple[Any, Exception | None]:
+    """A committed unit's value, unpickled here; or the error that says it could not be."""
+    if payload is None:
+        return None, None
+    try:
+        return pickle.loads(payload), None
+    except Exception as error:
+        msg = (
+            f"unit {index} committed, but its value could not be unpickled here "
+            f"({type(error).__qualname__}: {error}): its class must be importable in this process"
+        )
+        return None, UnpicklableError(msg)

@@ -1,0 +1,115 @@
+"""What crosses the process boundary of a ProcessRunner: a worker's settings, and the messages both ways."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import pickle
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy.engine import URL
+
+from .._errors import UnpicklableError
+from .._retry import RetryPolicy
+
+__all__ = [
+    "Kind",
+    "RemoteTraceback",
+    "WorkerConfig",
+    "dump_error",
+    "dump_value",
+    "load_error",
+]
+
+
+class Kind(enum.Enum):
+    """Which session a call's function takes, so which engine and in-process runner a worker uses."""
+
+    ASYNC = "async"  # async def fn(session: AsyncSession, item): SemaphoreRunner in the worker
+    SYNC = "sync"  # def fn(session: Session, item): ThreadOffloadRunner in the worker
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to build its engine and runners: plain, picklable data."""
+
+    url: URL
+    engine_options: Mapping[str, Any]
+    #: This worker's share of the runner's limit: its pool's size and its units in flight, at most.
+    share: int
+    retry: RetryPolicy | None
+    timeout: float | None
+    verify_commits: bool
+
+
+# -- messages: tuples whose first item says what they are ------------------------------------------
+# Parent to worker.
+CALL = 1  # (CALL, call, kind, fn pickled): a call's function, before its first units
+UNITS = 2  # (UNITS, call, [(index, item pickled), ...]): units to run, in this order
+CLOSE = 3  # (CLOSE, call): no more units: finish, then CLOSED
+STOP = 4  # (STOP, call): start no more units (RETURNED), finish those in flight, then CLOSED
+CANCEL = 5  # (CANCEL, call): as STOP, and cancel the units in flight (rolled back)
+VERIFY = 6  # (VERIFY, kind, [(call, index, xid), ...]): ask the server what became of these COMMITs
+EXIT = 7  # (EXIT,): dispose of the engines and end
+# Worker to parent.
+READY = 11  # (READY, pid): the worker serves
+STARTED = 12  # (STARTED, call, index): sent before the unit's first statement
+COMMITTING = 13  # (COMMITTING, call, index, xid, value pickled): sent before the unit's COMMIT
+OUTCOME = 14  # (OUTCOME, call, index, latency, wait, attempts, unknown, verified, error pickled, text)
+RETURNED = 15  # (RETURNED, call, [index, ...]): handed units it will not start
+CLOSED = 16  # (CLOSED, call, peak connections): the call has nothing in flight on this worker
+CALL_FAILED = 17  # (CALL_FAILED, call, error pickled, text): the call cannot run here (no engine)
+VERIFIED = 18  # (VERIFIED, call, index, "committed" | "aborted" | "unknown")
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker process (its ``__cause__`` in the caller)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"\n'''\n{self.text}'''"
+
+
+def dump_value(value: Any, index: int) -> bytes:
+    """``value`` pickled, or :class:`UnpicklableError` (raised inside the unit, so it rolls back)."""
+    try:
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except Exception as error:
+        msg = (
+            f"unit {index} returned {type(value).__qualname__}, which cannot be pickled to send it back "
+            f"from its worker process ({type(error).__qualname__}: {error}): return plain data "
+            "(numbers, strings, tuples, dicts), not ORM objects or connections; the unit was rolled back"
+        )
+        raise UnpicklableError(msg) from None
+
+
+def dump_error(error: BaseException, index: int) -> tuple[bytes | None, str]:
+    """A unit's exception pickled (``None`` if it cannot be), and its traceback as text."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    try:
+        return pickle.dumps(error, pickle.HIGHEST_PROTOCOL), text
+    except Exception:
+        return None, text
+
+
+def load_error(data: bytes | None, text: str, index: int) -> Exception:
+    """The exception a worker sent, with its traceback as ``__cause__``; or an UnpicklableError."""
+    error: Exception | None = None
+    why = "it could not be pickled in the worker"
+    if data is not None:
+        try:
+            loaded = pickle.loads(data)
+        except Exception as unpickling:
+            why = f"it could not be unpickled here ({type(unpickling).__qualname__}: {unpickling})"
+        else:
+            error = loaded if isinstance(loaded, Exception) else None
+    if error is None:
+        last = text.rstrip().rsplit("\n", 1)[-1]
+        error = UnpicklableError(f"unit {index} failed in its worker process with {last}; {why}")
+    error.__cause__ = RemoteTraceback(text)
+    return error

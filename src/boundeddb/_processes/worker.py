@@ -1,0 +1,392 @@
+"""The worker side of a ProcessRunner: a process (or Dask task) running units with an in-process runner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+import signal
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from .._core.attempts import CommitUnknown, CommitVerified
+from .._dialects import for_name
+from .._errors import UnpicklableError, WorkerLostError
+from .._executors.pool import watch_pool
+from .._executors.verify import CommitVerifier
+from .._outcome import Outcome
+from .._runners.semaphore import SemaphoreRunner
+from .._runners.thread_offload import ThreadOffloadRunner
+from . import protocol as p
+from .protocol import Kind, WorkerConfig
+
+__all__ = ["main", "serve"]
+
+
+def main(connection: Connection, config: WorkerConfig) -> None:
+    """Serve as a local worker process until the parent says exit or goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it cancels what runs here
+    serve(connection, config)
+
+
+def serve(connection: Connection, config: WorkerConfig) -> None:
+    """Serve over ``connection`` in this thread, on an event loop of its own."""
+    try:
+        asyncio.run(Worker(connection, config).serve())
+    finally:
+        connection.close()
+
+
+class Gate:
+    """A worker's units in flight over all its calls: at most its share, and of one kind at a time."""
+
+    def __init__(self, share: int, dispose: Callable[[Kind], Awaitable[None]]) -> None:
+        self._share = share
+        self._free = share
+        self._kind: Kind | None = None
+        self._switching = False
+        self._changed = asyncio.Event()
+        self._dispose = dispose
+
+    def _blocked(self, kind: Kind) -> bool:
+        other_in_flight = kind is not self._kind and self._free < self._share
+        return self._switching or self._free == 0 or other_in_flight
+
+    async def acquire(self, kind: Kind) -> None:
+        """Take a place; before the first unit of another kind, close the other engine's connections."""
+        while self._blocked(kind):
+            self._changed.clear()
+            await self._changed.wait()
+        if kind is not self._kind:
+            old, self._kind = self._kind, kind
+            if old is not None:
+                self._switching = True
+                try:
+                    await self._dispose(old)
+                finally:
+                    self._switching = False
+                    self._changed.set()
+        self._free -= 1
+
+    def release(self, places: int = 1) -> None:
+        self._free += places
+        self._changed.set()
+
+
+def _load_item(data: bytes, index: int) -> Any:
+    try:
+        return pickle.loads(data)
+    except Exception as error:
+        msg = (
+            f"unit {index}'s item could not be unpickled in the worker process "
+            f"({type(error).__qualname__}: {error}): its class must be importable there"
+        )
+        raise UnpicklableError(msg) from None
+
+
+class _AsyncUnit:
+    """``fn(session, item)`` on an AsyncSession; its value and transaction id go to the parent first."""
+
+    __slots__ = ("_call", "_index", "_item")
+
+    def __init__(self, call: WorkerCall, index: int, item: bytes) -> None:
+        self._call, self._index, self._item = call, index, item
+
+    async def __call__(self, session: AsyncSession) -> None:
+        call, index = self._call, self._index
+        value = await call.fn(session, _load_item(self._item, index))
+        payload = p.dump_value(value, index)
+        xid = None
+        if call.xid_sql is not None:
+            await session.flush()  # what COMMIT would send first: the id covers it
+            xid = (await session.execute(text(call.xid_sql))).scalar()
+        call.committing(index, xid, payload)
+
+
+class _SyncUnit:
+    """``fn(session, item)`` on a Session, in a worker thread; as :class:`_AsyncUnit`."""
+
+    __slots__ = ("_call", "_index", "_item")
+
+    def __init__(self, call: WorkerCall, index: int, item: bytes) -> None:
+        self._call, self._index, self._item = call, index, item
+
+    def __call__(self, session: Session) -> None:
+        call, index = self._call, self._index
+        value = call.fn(session, _load_item(self._item, index))
+        payload = p.dump_value(value, index)
+        xid = None
+        if call.xid_sql is not None:
+            session.flush()
+            xid = session.execute(text(call.xid_sql)).scalar()
+        call.committing(index, xid, payload)
+
+
+class WorkerCall:
+    """One of the parent's calls, on this worker: the units it was handed and those it started."""
+
+    def __init__(self, worker: Worker, call: int, kind: Kind, fn: bytes) -> None:
+        self.worker = worker
+        self.id = call
+        self.kind = kind
+        self.fn_bytes = fn
+        self.fn: Any = None
+        self.xid_sql = worker.xid_sql
+        self.queue: deque[tuple[int, bytes]] = deque()
+        #: The in-process runner's index of each started unit (pull order) -> the parent's index.
+        self.order: dict[int, int] = {}
+        self._pulled = 0
+        #: Gate places held by this call's units.
+        self.held = 0
+        self.closing = False
+        self.stopping = False
+        self.running = False
+        self.task: asyncio.Task[None] | None = None
+        self._wakeup = asyncio.Event()
+
+    # -- what the parent says ---------------------------------------------------------------------
+
+    def add(self, units: Iterable[tuple[int, bytes]]) -> None:
+        if self.stopping:
+            self.worker.send((p.RETURNED, self.id, [index for index, _ in units]))
+            return
+        self.queue.extend(units)
+        self._wakeup.set()
+
+    def close(self) -> None:
+        self.closing = True
+        self._wakeup.set()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.return_queued()
+        self._wakeup.set()
+
+    def cancel(self) -> None:
+        self.stop()
+        if self.running and self.task is not None:
+            self.task.cancel()
+
+    def return_queued(self) -> None:
+        if self.queue:
+            self.worker.send((p.RETURNED, self.id, [index for index, _ in self.queue]))
+            self.queue.clear()
+
+    # -- the in-process runner's side --------------------------------------------------------------
+
+    async def units(self) -> AsyncIterator[Callable[[Any], Any]]:
+        """The units as the runner pulls them: each takes a gate place and is announced first."""
+        gate, unit = self.worker.gate, _AsyncUnit if self.kind is Kind.ASYNC else _SyncUnit
+        while True:
+            while not self.queue:
+                if self.closing or self.stopping:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            await gate.acquire(self.kind)
+            if not self.queue:  # stopped meanwhile
+                gate.release()
+                continue
+            index, item = self.queue.popleft()
+            self.held += 1
+            self.order[self._pulled] = index
+            self._pulled += 1
+            self.worker.send((p.STARTED, self.id, index))
+            yield unit(self, index, item)
+
+    def committing(self, index: int, xid: Any, payload: bytes) -> None:
+        self.worker.send((p.COMMITTING, self.id, index, None if xid is None else str(xid), payload))
+
+    def settled(self, outcome: Outcome[Any]) -> None:
+        self.held -= 1
+        self.worker.gate.release()
+        index = self.order.pop(outcome.index)
+        error = outcome.error
+        data, text_ = (None, "") if error is None else p.dump_error(error, index)
+        self.worker.send(
+            (
+                p.OUTCOME,
+                self.id,
+                index,
+                outcome.latency_s,
+                outcome.wait_s,
+                outcome.attempts,
+                outcome.commit_unknown,
+                outcome.commit_verified,
+                error is not None,
+                data,
+                text_,
+            )
+        )
+
+
+class Worker:
+    """One worker: its engine (one per kind of function, built once), its gate, and the calls it serves."""
+
+    def __init__(self, connection: Connection, config: WorkerConfig) -> None:
+        self._connection = connection
+        self._config = config
+        self._send_lock = threading.Lock()
+        self._calls: dict[int, WorkerCall] = {}
+        self._engines: dict[Kind, Engine | AsyncEngine] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._dialect = for_name(config.url.get_dialect().name)
+        self.xid_sql = self._dialect.current_xid_sql if config.verify_commits else None
+        self.gate = Gate(config.share, self._dispose)
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Send ``message`` to the parent (any thread); it is in the pipe when this returns."""
+        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            self._connection.send_bytes(data)
+
+    async def serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._done = asyncio.Event()
+        threading.Thread(target=self._read, name="boundeddb-worker-reader", daemon=True).start()
+        self.send((p.READY, os.getpid()))
+        try:
+            await self._done.wait()
+        finally:
+            for call in list(self._calls.values()):
+                call.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            for kind in list(self._engines):
+                await self._dispose(kind)
+
+    def _read(self) -> None:
+        """In a thread: hand each message from the parent to the loop, and the end of the pipe."""
+        try:
+            while True:
+                message = pickle.loads(self._connection.recv_bytes())
+                self._loop.call_soon_threadsafe(self._on_message, message)
+        except (EOFError, OSError):
+            pass
+        with contextlib.suppress(RuntimeError):  # the loop is closed: we are done already
+            self._loop.call_soon_threadsafe(self._done.set)
+
+    def _spawn(self, coroutine: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _on_message(self, message: tuple[Any, ...]) -> None:
+        tag = message[0]
+        if tag == p.UNITS:
+            call = self._calls.get(message[1])
+            if call is None:  # refused or finished: give them back
+                self.send((p.RETURNED, message[1], [index for index, _ in message[2]]))
+            else:
+                call.add(message[2])
+        elif tag == p.CALL:
+            _, call_id, kind, fn = message
+            call = self._calls[call_id] = WorkerCall(self, call_id, Kind(kind), fn)
+            call.task = self._spawn(self._run(call))
+        elif tag in (p.CLOSE, p.STOP, p.CANCEL):
+            call = self._calls.get(message[1])
+            if call is not None:
+                (call.close if tag == p.CLOSE else call.stop if tag == p.STOP else call.cancel)()
+        elif tag == p.VERIFY:
+            self._spawn(self._verify(Kind(message[1]), message[2]))
+        elif tag == p.EXIT:
+            self._done.set()
+
+    # -- engines and runners ---------------------------------------------------------------------
+
+    def _engine(self, kind: Kind) -> Engine | AsyncEngine:
+        engine = self._engines.get(kind)
+        if engine is None:
+            options = dict(self._config.engine_options)
+            if "poolclass" not in options:  # exactly this worker's share, never more
+                options.update(pool_size=self._config.share, max_overflow=0)
+            create: Callable[..., Any] = create_async_engine if kind is Kind.ASYNC else create_engine
+            engine = self._engines[kind] = create(self._config.url, **options)
+        return engine
+
+    async def _dispose(self, kind: Kind) -> None:
+        engine = self._engines.get(kind)
+        if isinstance(engine, AsyncEngine):
+            await engine.dispose()
+        elif engine is not None:
+            await asyncio.to_thread(engine.dispose)
+
+    def _runner(self, kind: Kind, engine: Engine | AsyncEngine) -> SemaphoreRunner | ThreadOffloadRunner:
+        config = self._config
+        options: dict[str, Any] = {
+            "limit": config.share,
+            "errors": "collect",
+            "retry": config.retry,
+            "timeout": config.timeout,
+            "verify_commits": config.verify_commits,
+        }
+        if isinstance(engine, AsyncEngine):
+            return SemaphoreRunner(async_sessionmaker(engine), **options)
+        return ThreadOffloadRunner(sessionmaker(engine), **options)
+
+    async def _run(self, call: WorkerCall) -> None:
+        """Run a call's units as they come, until the parent closes, stops or cancels it."""
+        call.running = True
+        peak = 0
+        try:
+            try:
+                call.fn = pickle.loads(call.fn_bytes)
+                engine = self._engine(call.kind)
+                runner = self._runner(call.kind, engine)
+            except Exception as error:
+                call.stop()
+                data, text_ = p.dump_error(error, -1)
+                self.send((p.CALL_FAILED, call.id, data, text_))
+                return
+            watch = watch_pool(engine.pool if isinstance(engine, Engine) else engine.sync_engine.pool)
+            try:
+                async with contextlib.aclosing(runner.stream(call.units())) as outcomes:
+                    async for outcome in outcomes:
+                        call.settled(outcome)
+            finally:
+                peak = watch.peak
+                watch.close()
+        except asyncio.CancelledError:
+            pass  # cancelled by the parent: the units in flight were rolled back
+        finally:
+            call.return_queued()
+            self.gate.release(call.held)
+            call.held = 0
+            self._calls.pop(call.id, None)
+            with contextlib.suppress(OSError):
+                self.send((p.CLOSED, call.id, peak))
+
+    # -- what became of a COMMIT when the worker sending it died ---------------------------------
+
+    async def _verify(self, kind: Kind, requests: list[tuple[int, int, str]]) -> None:
+        """Ask the server about each COMMIT a dead worker had begun, within one place of the gate."""
+        engine = self._engine(kind)
+        sync_engine = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
+        verifier = CommitVerifier(sync_engine, self._dialect)
+        await self.gate.acquire(kind)
+        try:
+            for call, index, xid in requests:
+                unknown = CommitUnknown(WorkerLostError("the worker committing it died"), xid)
+                status = "unknown"
+                try:
+                    if kind is Kind.ASYNC:
+                        await verifier.resolve_async(unknown, index)
+                    else:
+                        await asyncio.to_thread(verifier.resolve_sync, unknown, index, lambda: False)
+                except CommitVerified as verdict:
+                    status = "committed" if verdict.committed else "aborted"
+                except Exception:  # CommitUnknown, or no connection to ask on
+                    status = "unknown"
+                self.send((p.VERIFIED, call, index, status))
+        finally:
+            self.gate.release()

@@ -1,0 +1,352 @@
+"""ProcessRunner: units spread over worker processes (or a Dask cluster) under one connection budget."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import weakref
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from functools import partial
+from typing import Any, final, overload
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from .._autolimit import check_positive_int
+from .._core.recorder import LoopLag
+from .._dialects import for_name
+from .._errors import RunnerClosedError
+from .._outcome import RunReport
+from .._processes.backends import Backend, DaskCluster, LocalProcesses
+from .._processes.call import Call
+from .._processes.fleet import Fleet
+from .._processes.protocol import Kind, WorkerConfig
+from .._retry import RetryPolicy
+from .._typing import ItemT, T
+from .checks import ErrorsMode, check_errors, check_retry, check_timeout, check_verify_commits
+
+__all__ = ["ProcessRunner"]
+
+#: Engine options a ProcessRunner sets itself: each worker's pool is exactly its share of the limit.
+_POOL_OPTIONS = ("pool_size", "max_overflow")
+
+
+def _check_url(url: object) -> URL:
+    if not isinstance(url, (str, URL)):
+        msg = (
+            f"url must be a database URL (str or sqlalchemy.engine.URL), got {type(url).__name__}: "
+            "workers build their own engines from it, e.g. 'postgresql+asyncpg://user@host/db'"
+        )
+        raise TypeError(msg)
+    parsed = make_url(url)
+    parsed.get_dialect()  # an unknown database or driver fails here, in this process
+    return parsed
+
+
+def _check_engine_options(options: object) -> dict[str, Any]:
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        msg = f"engine_options must be a dict of create_engine() arguments, got {type(options).__name__}"
+        raise TypeError(msg)
+    taken = sorted(name for name in _POOL_OPTIONS if name in options)
+    if taken:
+        msg = (
+            f"engine_options must not set {', '.join(taken)}: each worker's pool is exactly its share of "
+            "limit (pool_size=share, max_overflow=0). Remove it and size the budget with limit="
+        )
+        raise ValueError(msg)
+    try:
+        pickle.dumps(dict(options))
+    except Exception as error:
+        msg = (
+            f"engine_options must be picklable, to send them to the worker processes ({error}): "
+            "pass module-level functions and plain values, not lambdas or open objects"
+        )
+        raise TypeError(msg) from None
+    return dict(options)
+
+
+def _check_fn(fn: object) -> tuple[Kind, bytes]:
+    """``fn``'s kind (async or not) and its pickle, if workers can import it by name."""
+    if not callable(fn):
+        msg = f"fn must be callable as fn(session, item), got {fn!r}: pass a module-level function"
+        raise TypeError(msg)
+    target: Any = fn
+    while isinstance(target, partial):
+        target = target.func
+    qualname = getattr(target, "__qualname__", "")
+    if qualname == "<lambda>" or "<locals>" in qualname:
+        kind = "a lambda" if qualname == "<lambda>" else f"a local function ({qualname})"
+        msg = (
+            f"fn must be a module-level function: workers import it by name, and {kind} has none. "
+            "Define it at the top level of a module (a functools.partial of one is fine)"
+        )
+        raise TypeError(msg)
+    try:
+        data = pickle.dumps(fn, pickle.HIGHEST_PROTOCOL)
+    except Exception as error:
+        msg = (
+            f"fn must be picklable: workers import it by name ({type(error).__qualname__}: {error}). "
+            "Pass a module-level function, or a functools.partial of one with picklable arguments"
+        )
+        raise TypeError(msg) from None
+    # A function, a partial of one, or an object whose __call__ is async.
+    is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(target).__call__)
+    return (Kind.ASYNC if is_async else Kind.SYNC), data
+
+
+def _shares(limit: int, processes: int) -> list[int]:
+    """``limit`` split over ``processes`` as evenly as it goes (the first ones take one more)."""
+    base, extra = divmod(limit, processes)
+    return [base + (1 if number < extra else 0) for number in range(processes)]
+
+
+@final
+class ProcessRunner:
+    """
+    Run ``fn(session, item)`` for many items in worker processes, under one connection budget.
+
+    One Python process is one core of ORM work: when the client's CPU, not the database, is what a
+    backfill or an import waits for, spread it over processes (or a Dask cluster's workers). Each
+    worker builds its engine once, with a pool of exactly its share of ``limit``, and runs its units
+    as the in-process runners do: :class:`~boundeddb.SemaphoreRunner` for ``async def fn``,
+    :class:`~boundeddb.ThreadOffloadRunner` for a plain ``def fn``. So units in flight, and
+    connections, over all workers never exceed ``limit``; each unit gets its own session and
+    transaction, committed if ``fn`` returns and rolled back if it raises.
+
+    Workers are started with ``spawn`` (nothing is forked: no engine, loop or connection crosses a
+    process boundary) when the runner is entered or at its first call, and serve every call until
+    the runner is closed. Items and ``fn`` are pickled; ``fn`` must be a module-level function (or a
+    :func:`functools.partial` of one) that workers import by name, and a program that creates the
+    runner needs an ``if __name__ == "__main__":`` guard. See :doc:`/how-to/processes`.
+
+    Args:
+        url: The database URL each worker builds its engine from (its driver decides async or sync
+            units: ``postgresql+psycopg`` serves both).
+        limit: The whole budget: units in flight, and connections, over all workers.
+        processes: How many workers; defaults to ``min(cores, limit)`` (with ``cluster``, the
+            cluster's workers instead of the cores). At most ``limit``.
+        engine_options: Keyword arguments for each worker's ``create_engine`` /
+            ``create_async_engine`` (picklable); ``pool_size`` and ``max_overflow`` are the runner's.
+        errors: ``"raise"`` or ``"collect"``, as for :class:`~boundeddb.SemaphoreRunner`.
+        retry: See :class:`~boundeddb.RetryPolicy` (picklable: a module-level ``retry_on``).
+        timeout: Seconds each unit attempt may take, as for the in-process runners.
+        verify_commits: As for :class:`~boundeddb.SemaphoreRunner`; also resolves the COMMIT of a unit
+            whose worker died while committing it.
+        cluster: A :class:`distributed.Client` (Dask, ``pip install 'boundeddb[dask]'``): workers run as
+            long-lived tasks on its workers, each connecting back to this process.
+
+    A worker that dies (the OOM killer, SIGKILL) loses and repeats nothing: the units it had
+    started fail with :class:`~boundeddb.WorkerLostError` (``commit_unknown`` where its COMMIT may
+    have been sent), the units it had been handed but not started run on other workers, and a new
+    worker takes its place.
+
+    .. versionadded:: 0.3.0
+    """
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        limit: int,
+        processes: int | None = None,
+        engine_options: Mapping[str, Any] | None = None,
+        errors: ErrorsMode = "raise",
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        verify_commits: bool = False,
+        cluster: Any = None,
+    ) -> None:
+        parsed = _check_url(url)
+        self._limit = check_positive_int(
+            "limit", limit, hint="pass the connection budget of all workers, e.g. limit=8"
+        )
+        self._errors = check_errors(errors)
+        checked_retry = None if retry is None else check_retry(retry)
+        if checked_retry is not None:
+            try:
+                pickle.dumps(checked_retry)
+            except Exception as error:
+                msg = (
+                    f"retry must be picklable, to send it to the workers ({error}): "
+                    "give retry_on a module-level function"
+                )
+                raise TypeError(msg) from None
+        name = parsed.get_dialect().name
+        verify = check_verify_commits(verify_commits, for_name(name), name)
+        options = _check_engine_options(engine_options)
+        if cluster is not None and not (hasattr(cluster, "submit") and hasattr(cluster, "scheduler_info")):
+            msg = f"cluster must be a distributed.Client (Dask) or None, got {type(cluster).__name__}"
+            raise TypeError(msg)
+        backend: Backend = LocalProcesses() if cluster is None else DaskCluster(cluster)
+        if processes is None:
+            processes = min(backend.default_workers(), self._limit)
+        processes = check_positive_int(
+            "processes", processes, hint="pass how many worker processes, e.g. processes=2"
+        )
+        if processes > self._limit:
+            backend.close()
+            msg = (
+                f"processes={processes} is more than limit={self._limit}: each worker needs at least one "
+                f"connection of the budget. Pass processes <= {self._limit}, or a larger limit"
+            )
+            raise ValueError(msg)
+        configs = [
+            WorkerConfig(parsed, options, share, checked_retry, check_timeout(timeout), verify)
+            for share in _shares(self._limit, processes)
+        ]
+        self._processes = processes
+        self._verify = verify
+        self._fleet = Fleet(backend, configs)
+        self._closed = False
+        self._finalizer = weakref.finalize(self, self._fleet.close)
+
+    @property
+    def limit(self) -> int:
+        """The most units in flight, and connections, over all workers at once."""
+        return self._limit
+
+    @property
+    def processes(self) -> int:
+        """How many workers the runner keeps."""
+        return self._processes
+
+    def __repr__(self) -> str:
+        with self._fleet.lock:
+            ready = len(self._fleet.ready_links())
+        state = " closed" if self._closed else ""
+        return f"<ProcessRunner limit={self._limit} processes={self._processes} ready={ready}{state}>"
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the workers now (the first call does it otherwise); returns without waiting for them."""
+        self._check_open()
+        self._fleet.start()
+
+    async def aclose(self) -> None:
+        """Wait for the calls in progress, then end every worker and its connections."""
+        self._closed = True
+        await anyio.to_thread.run_sync(self._finalizer)
+
+    def close(self) -> None:
+        """The sync twin of :meth:`aclose`."""
+        self._closed = True
+        self._finalizer()
+
+    async def __aenter__(self) -> ProcessRunner:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> ProcessRunner:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RunnerClosedError("this ProcessRunner is closed: create a new runner")
+
+    # -- the verbs ------------------------------------------------------------------------------------
+
+    @overload
+    async def map(
+        self,
+        fn: Callable[[AsyncSession, ItemT], Awaitable[T]],
+        items: Iterable[ItemT] | AsyncIterable[ItemT],
+    ) -> RunReport[T]: ...
+
+    @overload
+    async def map(
+        self, fn: Callable[[Session, ItemT], T], items: Iterable[ItemT] | AsyncIterable[ItemT]
+    ) -> RunReport[T]: ...
+
+    async def map(
+        self, fn: Callable[[Any, Any], Any], items: Iterable[Any] | AsyncIterable[Any]
+    ) -> RunReport[Any]:
+        """
+        Run ``fn(session, item)`` for every item in the workers, each unit in its own session and transaction.
+
+        Items are pulled lazily and sent to the workers in batches that keep each one busy (at most
+        twice its share handed to it at once). Awaiting it never blocks the event loop (asyncio or trio).
+
+        Args:
+            fn: A module-level ``async def fn(session: AsyncSession, item)`` or
+                ``def fn(session: Session, item)``;
+                its value must be picklable.
+            items: Iterable or async iterable of picklable items.
+
+        Returns:
+            A :class:`~boundeddb.RunReport` in input order, with stats merged over all workers.
+            With ``errors="raise"``, units handed to a worker but not started when the first failure
+            was seen have no outcome, so ``outcomes[i].index`` may skip them.
+
+        Raises:
+            RunFailed: with ``errors="raise"``, after the first failure (as for the other runners).
+            WorkerStartError: the workers could not be started.
+
+        Cancelling the call cancels the units in flight on every worker (rolled back, nothing
+        commits after a worker has seen the cancellation) and waits for them before it propagates.
+        """
+        return await self._map(fn, items, measure_loop_lag=True)
+
+    @overload
+    def map_sync(
+        self, fn: Callable[[AsyncSession, ItemT], Awaitable[T]], items: Iterable[ItemT]
+    ) -> RunReport[T]: ...
+
+    @overload
+    def map_sync(self, fn: Callable[[Session, ItemT], T], items: Iterable[ItemT]) -> RunReport[T]: ...
+
+    def map_sync(self, fn: Callable[[Any, Any], Any], items: Iterable[Any]) -> RunReport[Any]:
+        """
+        Run :meth:`map` from plain sync code and return its report.
+
+        Ctrl-C (:exc:`KeyboardInterrupt`) cancels the units in flight on every worker before it
+        propagates; the workers themselves ignore it.
+
+        Raises:
+            RuntimeError: if called from async code; ``await runner.map(fn, items)`` there instead.
+        """
+        try:
+            anyio.lowlevel.current_token()
+        except RuntimeError:
+            pass
+        else:
+            msg = (
+                "map_sync() was called from async code, where it would block the event loop: "
+                "use `await runner.map(fn, items)`"
+            )
+            raise RuntimeError(msg)
+        report: RunReport[Any] = anyio.run(partial(self._map, fn, items, measure_loop_lag=False))
+        return report
+
+    async def _map(self, fn: object, items: object, *, measure_loop_lag: bool) -> RunReport[Any]:
+        kind, fn_bytes = _check_fn(fn)
+        if not isinstance(items, (Iterable, AsyncIterable)) or isinstance(items, (str, bytes)):
+            msg = (
+                f"items must be an iterable or async iterable, got {type(items).__name__}: "
+                "pass e.g. a list or a generator of the items to give fn, as runner.map(fn, items)"
+            )
+            raise TypeError(msg)
+        checked: Iterable[Any] | AsyncIterable[Any] = items
+        self._check_open()
+        self._fleet.start()
+        call = Call(self._fleet, kind, fn_bytes, stop_on_failure=self._errors == "raise", verify=self._verify)
+        loop_lag = LoopLag() if measure_loop_lag else None
+        async with anyio.create_task_group() as tasks:
+            if loop_lag is not None:
+                tasks.start_soon(loop_lag.tick_forever)
+            await call.run(checked)
+            tasks.cancel_scope.cancel()
+        return call.report(self._limit, loop_lag)
