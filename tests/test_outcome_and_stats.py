@@ -105,6 +105,15 @@ def test_report_failures_are_the_failed_outcomes_in_order(mixed_report: RunRepor
     assert mixed_report.failures == [mixed_report.outcomes[1], mixed_report.outcomes[3]]
 
 
+def test_a_reports_repr_counts_its_outcomes_instead_of_listing_them(mixed_report: RunReport[str]) -> None:
+    """The repr stays short for a million outcomes (asyncio.Runner takes it twice on Python 3.11)."""
+    assert repr(mixed_report).startswith(
+        "RunReport(outcomes=<4 outcomes, 2 failed>, stats=RunStats(submitted=4"
+    )
+    big = RunReport([Outcome(i, i, None, 0.1, 0.0) for i in range(100_000)], make_stats(failed=0))
+    assert len(repr(big)) < 1000
+
+
 def test_report_is_frozen(mixed_report: RunReport[str]) -> None:
     """A RunReport cannot be changed after the run."""
     with pytest.raises(dataclasses.FrozenInstanceError):

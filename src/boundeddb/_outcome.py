@@ -70,7 +70,7 @@ class Outcome(Generic[T]):
         return self.value  # type: ignore[return-value]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, repr=False)
 class RunReport(Generic[T]):
     """
     Everything a batch (``run()`` or ``map()``) did, in input order.
@@ -88,6 +88,13 @@ class RunReport(Generic[T]):
     outcomes: Sequence[Outcome[T]]
     #: Figures for the whole run.
     stats: RunStats
+
+    def __repr__(self) -> str:
+        # Short whatever the number of outcomes: Python 3.11's asyncio.Runner.run (so anyio.run,
+        # run_sync() and map_sync()) takes the repr of the main task's result, twice.
+        failed = sum(1 for outcome in self.outcomes if outcome.error is not None)
+        outcomes = f"<{len(self.outcomes)} outcomes, {failed} failed>"
+        return f"{type(self).__name__}(outcomes={outcomes}, stats={self.stats!r})"
 
     def values(self) -> list[T]:
         """
