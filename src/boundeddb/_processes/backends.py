@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import secrets
@@ -164,6 +165,7 @@ class DaskCluster:
         self._address: tuple[str, int] = self._listener.address
         self._waiting: dict[str, queue.SimpleQueue[Connection]] = {}
         self._lock = threading.Lock()
+        self._closed = False
         self._accepting = threading.Thread(target=self._accept, name="boundeddb-dask-accept", daemon=True)
         self._accepting.start()
 
@@ -174,12 +176,10 @@ class DaskCluster:
         return max(1, len(self._workers()))
 
     def _accept(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 connection = self._listener.accept()
-            except OSError:
-                return  # closed
-            except Exception:  # a peer that failed the handshake
+            except Exception:  # a peer that failed the handshake (or close()'s poke)
                 continue
             try:
                 token = connection.recv_bytes().decode()
@@ -210,7 +210,7 @@ class DaskCluster:
             key=f"boundeddb-worker-{number}-{token}",
             pure=False,
             workers=[where],
-            allow_other_workers=True,
+            allow_other_workers=False,  # spread over the workers; a dead one is replaced elsewhere
         )
         deadline = time.monotonic() + DASK_CONNECT_TIMEOUT_S
         try:
@@ -234,4 +234,8 @@ class DaskCluster:
                 self._waiting.pop(token, None)
 
     def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):  # wake the accepting thread: closing alone does not
+            socket.create_connection(self._address, timeout=1.0).close()
+        self._accepting.join(5.0)
         self._listener.close()

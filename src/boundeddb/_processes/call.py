@@ -96,10 +96,12 @@ class Call:
             except Exception as error:  # the caller's input failed: stop, then raise it
                 self.input_error, self.exhausted = error, True
                 with self.fleet.lock:
-                    ledger.stopping = True
+                    ledger.stopping = ledger.draining = True
                 break
             if item is _END:
                 self.exhausted = True
+                with self.fleet.lock:
+                    ledger.draining = True
                 break
             index = self._next_index
             self._next_index += 1

@@ -24,6 +24,8 @@ logger = logging.getLogger("boundeddb.processes")
 START_ATTEMPTS = 3
 #: How long a worker told to exit may take before it is killed (seconds).
 EXIT_GRACE_S = 10.0
+#: How long closing waits for the calls in progress before it ends their workers anyway (seconds).
+CALLS_GRACE_S = 600.0
 
 
 class CallState(Protocol):
@@ -32,7 +34,9 @@ class CallState(Protocol):
     id: int
     kind: Kind
 
-    def on_message(self, link: Link, message: tuple[Any, ...]) -> None: ...
+    def on_message(self, link: Link, message: tuple[Any, ...]) -> bool:
+        """Take in what a worker said; whether the call's loop has something to do now."""
+        ...
 
     def on_lost(self, link: Link, why: str) -> tuple[bool, list[tuple[int, str]]]:
         """``link``'s worker died: whether the call held anything there, and the COMMITs to ask about."""
@@ -136,9 +140,10 @@ class Fleet:
 
     def close(self, timeout: float = EXIT_GRACE_S) -> None:
         """Wait for the calls in progress, tell every worker to exit, and wait for it (kill it if need be)."""
+        deadline = time.monotonic() + CALLS_GRACE_S
         with self.lock:
-            while self.calls:
-                self._idle.wait()
+            while self.calls and time.monotonic() < deadline:
+                self._idle.wait(max(0.0, deadline - time.monotonic()))
             self.closing = True
             links = [slot.link for slot in self.slots if slot.link is not None]
         exit_message = pickle.dumps((p.EXIT,))
@@ -222,9 +227,9 @@ class Fleet:
         connection = link.started.connection
         try:
             while True:
-                messages = [pickle.loads(connection.recv_bytes())]
+                messages = pickle.loads(connection.recv_bytes())
                 while connection.poll():
-                    messages.append(pickle.loads(connection.recv_bytes()))
+                    messages += pickle.loads(connection.recv_bytes())
                 woken = self._handle(link, messages)
                 for call in woken:
                     call.wake()
@@ -241,8 +246,7 @@ class Fleet:
                     woken.update(self.calls.values())
                     continue
                 call = self.calls.get(message[1])
-                if call is not None:
-                    call.on_message(link, message)
+                if call is not None and call.on_message(link, message):
                     woken.add(call)
         return woken
 

@@ -58,6 +58,8 @@ class Ledger:
         self.open_on: set[Link] = set()
         self.stopping = False
         self.cancelled = False
+        #: The input is exhausted: the loop wants to hear of every unit that settles (to end).
+        self.draining = False
         self.error: BaseException | None = None
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -83,7 +85,8 @@ class Ledger:
         self.in_flight -= 1
         return self.started.pop(index)
 
-    def on_message(self, link: Link, message: tuple[Any, ...]) -> None:
+    def on_message(self, link: Link, message: tuple[Any, ...]) -> bool:
+        """Take in what a worker said of this call; whether the call's loop has something to do now."""
         tag = message[0]
         if tag == p.STARTED:
             index = message[2]
@@ -91,9 +94,11 @@ class Ledger:
             self.started[index] = perf_counter()
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        elif tag == p.COMMITTING:
+            return False
+        if tag == p.COMMITTING:
             self.committing[message[2]] = (message[3], message[4])
-        elif tag == p.OUTCOME:
+            return False
+        if tag == p.OUTCOME:
             _, _, index, latency, wait, attempts, unknown, verified, failed, data, text = message
             del self.where[index]
             link.handed -= 1
@@ -105,7 +110,9 @@ class Ledger:
             else:
                 value, error = _load_value(payload, index)
             self.settle(Outcome(index, value, error, latency, wait, attempts, unknown, verified))
-        elif tag == p.RETURNED:
+            # The loop refills a worker once half of what it was handed has settled (call.py).
+            return self.draining or self.stopping or link.handed <= link.slot.share
+        if tag == p.RETURNED:
             for index in message[2]:
                 _, item = self.where.pop(index)
                 link.handed -= 1
@@ -122,6 +129,7 @@ class Ledger:
             if (self.id, message[2]) in link.verifying:
                 link.verifying.remove((self.id, message[2]))
             self.on_verified(message[2], message[3])
+        return True
 
     def on_lost(self, link: Link, why: str) -> tuple[bool, list[tuple[int, str]]]:
         """``link``'s worker died: whether this call held anything there, and the COMMITs to ask about."""

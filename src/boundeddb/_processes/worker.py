@@ -103,6 +103,7 @@ class _AsyncUnit:
 
     async def __call__(self, session: AsyncSession) -> None:
         call, index = self._call, self._index
+        call.worker.flush()  # its STARTED, before fn does anything
         value = await call.fn(session, _load_item(self._item, index))
         payload = p.dump_value(value, index)
         xid = None
@@ -122,6 +123,7 @@ class _SyncUnit:
 
     def __call__(self, session: Session) -> None:
         call, index = self._call, self._index
+        call.worker.flush()  # its STARTED, before fn does anything
         value = call.fn(session, _load_item(self._item, index))
         payload = p.dump_value(value, index)
         xid = None
@@ -200,7 +202,7 @@ class WorkerCall:
             self.held += 1
             self.order[self._pulled] = index
             self._pulled += 1
-            self.worker.send((p.STARTED, self.id, index))
+            self.worker.post((p.STARTED, self.id, index))  # in the pipe before fn runs: see flush()
             yield unit(self, index, item)
 
     def committing(self, index: int, xid: Any, payload: bytes) -> None:
@@ -212,7 +214,7 @@ class WorkerCall:
         index = self.order.pop(outcome.index)
         error = outcome.error
         data, text_ = (None, "") if error is None else p.dump_error(error, index)
-        self.worker.send(
+        self.worker.post(
             (
                 p.OUTCOME,
                 self.id,
@@ -236,6 +238,8 @@ class Worker:
         self._connection = connection
         self._config = config
         self._send_lock = threading.Lock()
+        #: Messages to send with the next write (see post()).
+        self._posted: list[tuple[Any, ...]] = []
         self._calls: dict[int, WorkerCall] = {}
         self._engines: dict[Kind, Engine | AsyncEngine] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -244,13 +248,40 @@ class Worker:
         self.gate = Gate(config.share, self._dispose)
 
     def send(self, message: tuple[Any, ...]) -> None:
-        """Send ``message`` to the parent (any thread); it is in the pipe when this returns."""
-        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+        """Send ``message``, after what was posted, to the parent (any thread): in the pipe on return."""
         with self._send_lock:
-            self._connection.send_bytes(data)
+            self._posted.append(message)
+            self._write()
+
+    def post(self, message: tuple[Any, ...]) -> None:
+        """Send ``message`` soon: with the next message sent, or at the end of the loop's turn."""
+        with self._send_lock:
+            self._posted.append(message)
+            if len(self._posted) == 1:
+                if threading.get_ident() == self._loop_thread:
+                    self._loop.call_soon(self._flush_soon)
+                else:
+                    self._loop.call_soon_threadsafe(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        with contextlib.suppress(OSError):  # the parent is gone: the reader ends the worker
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what was posted now (any thread)."""
+        with self._send_lock:
+            if self._posted:
+                self._write()
+
+    def _write(self) -> None:
+        """One write of every message posted, in order, as one list (under the send lock)."""
+        data = pickle.dumps(self._posted, pickle.HIGHEST_PROTOCOL)
+        self._posted = []
+        self._connection.send_bytes(data)
 
     async def serve(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._done = asyncio.Event()
         threading.Thread(target=self._read, name="boundeddb-worker-reader", daemon=True).start()
         self.send((p.READY, os.getpid()))
