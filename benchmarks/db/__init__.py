@@ -8,7 +8,10 @@ tables, :mod:`.sampler` the connection sampler, :mod:`.proc` the /proc readers b
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
+
+from sqlalchemy import URL
 
 if TYPE_CHECKING:
     from .mysql import MySQLDatabase
@@ -16,3 +19,19 @@ if TYPE_CHECKING:
 
 #: The server a run uses: PostgreSQL or MySQL/MariaDB.
 Server: TypeAlias = "Database | MySQLDatabase"
+
+
+@dataclass
+class ServerFacts:
+    """What a run records of its server, whichever it is: where it is, how it was chosen, its size."""
+
+    url: URL
+    source: str
+    server_version: str = ""
+    max_connections: int = 0
+    local: bool = True
+
+    @property
+    def shown(self) -> str:
+        """The URL with any password hidden, safe to print and store."""
+        return self.url.render_as_string(hide_password=True)

@@ -27,6 +27,7 @@ from sqlalchemy import URL, Engine, create_engine, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from . import ServerFacts
 from .proc import thread_cpu_s, threads_cpu_s
 from .schema import SCHEMA, Base
 
@@ -52,14 +53,9 @@ class ServerUnavailable(RuntimeError):
 
 
 @dataclass
-class MySQLDatabase:
+class MySQLDatabase(ServerFacts):
     """The MySQL/MariaDB server the suite runs against, and how it was chosen."""
 
-    url: URL
-    source: str
-    server_version: str = ""
-    max_connections: int = 0
-    local: bool = True
     #: The server's process, when it is local and visible here (for its threads' CPU).
     server_pid: int | None = None
     product: str = "MariaDB"
@@ -72,11 +68,6 @@ class MySQLDatabase:
     thread_driver = "pymysql"
     sync_driver = "pymysql"
     activity_source = "information_schema.processlist"
-
-    @property
-    def shown(self) -> str:
-        """The URL with any password hidden, safe to print and store."""
-        return self.url.render_as_string(hide_password=True)
 
     def driver_url(self, driver: str, *, database: str | None = SCHEMA) -> URL:
         """The URL with ``driver`` (aiomysql, asyncmy, pymysql, mysqldb) as its DBAPI, on ``database``."""

@@ -19,6 +19,7 @@ from sqlalchemy.pool import NullPool
 
 from boundeddb.testing import postgres
 
+from . import ServerFacts
 from .proc import proc_cpu_s
 from .schema import DEFAULT_SCHEMA, SCHEMA, Base
 
@@ -34,14 +35,9 @@ HEADROOM = 3
 
 
 @dataclass
-class Database:
-    """The database the suite runs against, and how it was chosen."""
+class Database(ServerFacts):
+    """The PostgreSQL server the suite runs against, and how it was chosen."""
 
-    url: URL
-    source: str
-    server_version: str = ""
-    max_connections: int = 0
-    local: bool = True
     #: What ``--database`` names, and what the report calls the server.
     kind = "postgresql"
     product = "PostgreSQL"
@@ -51,11 +47,6 @@ class Database:
     sync_driver = "psycopg2"
     #: Where the sampler counts a scenario's connections.
     activity_source = "pg_stat_activity"
-
-    @property
-    def shown(self) -> str:
-        """The URL with any password hidden, safe to print and store."""
-        return self.url.render_as_string(hide_password=True)
 
     def driver_url(self, driver: str) -> URL:
         """The base URL with ``driver`` (asyncpg, psycopg, psycopg2) as its DBAPI."""

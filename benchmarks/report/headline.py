@@ -110,19 +110,16 @@ def _post002(data: dict[str, Any]) -> str | None:
 
 
 def _post004(results: list[Measurement]) -> str | None:
-    rows = {m.label.removeprefix("post-004 "): m for m in results if m.group == "post-004" and not m.error}
-    inline, offload = rows.get("postgresql inline"), rows.get("postgresql offload")
-    if (
-        inline is None
-        or offload is None
-        or "ping_mean_s" not in inline.extra
-        or "ping_mean_s" not in offload.extra
-    ):
+    ping = {
+        m.config.get("way"): m.extra.get("ping_mean_s")
+        for m in results
+        if m.group == "post-004" and not m.error and m.config.get("database") == "postgresql"
+    }
+    if ping.get("inline") is None or ping.get("offload") is None:
         return None
     return (
-        "Post 004, /ping during 100 slow requests (PostgreSQL): "
-        f"{inline.extra['ping_mean_s']:.2f} s mean with AsyncSession in the endpoint, "
-        f"{offload.extra['ping_mean_s']:.2f} s with ThreadOffloadRunner.submit."
+        f"Post 004, /ping during 100 slow requests (PostgreSQL): {ping['inline']:.2f} s mean with "
+        f"AsyncSession in the endpoint, {ping['offload']:.2f} s with ThreadOffloadRunner.submit."
     )
 
 

@@ -37,6 +37,14 @@ def status(m: Measurement) -> str:
     return f"{m.failed} failed" if m.failed else ""
 
 
+def _time_and_rate(m: Measurement) -> list[str]:
+    return [fmt(m.wall_s), fmt(m.ops_per_s, digits=0)]
+
+
+def _latencies(m: Measurement) -> list[str]:
+    return [fmt(m.p50_s, 1e3), fmt(m.p99_s, 1e3)]
+
+
 def main_table(rows: list[Measurement], *, driver_column: bool = False) -> list[str]:
     rounds = any("ops_per_s_range" in m.extra for m in rows)
     header = [
@@ -57,11 +65,9 @@ def main_table(rows: list[Measurement], *, driver_column: bool = False) -> list[
         [
             m.label,
             *([str(m.config.get("driver", "-"))] if driver_column else []),
-            fmt(m.wall_s),
-            fmt(m.ops_per_s, digits=0),
+            *_time_and_rate(m),
             *([_range_of(m), str(m.extra.get("rounds", 1))] if rounds else []),
-            fmt(m.p50_s, 1e3),
-            fmt(m.p99_s, 1e3),
+            *_latencies(m),
             str(m.peak_connections) if m.peak_connections is not None else "-",
             fmt(m.client_cpu_s),
             fmt(m.server_cpu_s),
@@ -149,10 +155,8 @@ def sweep_table(rows: list[Measurement]) -> list[str]:
             m.scenario,
             m.schema,
             _limit_shown(m),
-            fmt(m.wall_s),
-            fmt(m.ops_per_s, digits=0),
-            fmt(m.p50_s, 1e3),
-            fmt(m.p99_s, 1e3),
+            *_time_and_rate(m),
+            *_latencies(m),
             str(m.peak_connections or "-"),
             fmt(m.server_cpu_s),
             status(m),
@@ -167,10 +171,8 @@ def memory_table(rows: list[Measurement]) -> list[str]:
     body = [
         [
             m.label,
-            fmt(m.wall_s),
-            fmt(m.ops_per_s, digits=0),
-            fmt(m.p50_s, 1e3),
-            fmt(m.p99_s, 1e3),
+            *_time_and_rate(m),
+            *_latencies(m),
             str(m.peak_connections or "-"),
             fmt(m.rss_growth_mb),
             status(m),
