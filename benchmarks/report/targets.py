@@ -1,0 +1,102 @@
+"""
+The report's targets: the project's goals, each PASS, MISS or n/a (reported, never asserted).
+
+The throughput, overhead, loop-lag and memory targets are here; the instructions, auto-limit and
+mixed sections add their own (see :func:`collect`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..harness import Measurement
+from . import auto_limit, instructions, mixed_priorities, overhead
+from .loop_lag import INLINE, best_boundeddb
+from .tables import fmt
+
+#: What hand-written scripts measured on this machine at N=35,000 (for orientation only).
+PREVIOUS_35K = {
+    "sync": "88 s",
+    "async-unbounded": "88 s",
+    "chunked-40": "74 s",
+    "async sliding window (L=10-40)": "82-100 s",
+    "psycopg2 threads": "52-61 s",
+}
+
+
+def targets(
+    results: list[Measurement],
+    ratio: dict[str, dict[str, Any]],
+    over: dict[str, dict[str, dict[str, Any]]] | None = None,
+) -> list[dict[str, Any]]:
+    """The issue's targets, each PASS, MISS or n/a (reported, never asserted)."""
+
+    def check(name: str, value: float | None, ok: Callable[[float], bool], shown: str) -> dict[str, Any]:
+        status = "n/a" if value is None else ("PASS" if ok(value) else "MISS")
+        return {"target": name, "value": value, "status": status, "shown": shown}
+
+    out = []
+    r = ratio["best runner / chunked"]["value"]
+    out.append(
+        check("fastest runner >= 1.3x chunked-40 ops/s", r, lambda v: v >= 1.3, f"{fmt(r, digits=2)}x")
+    )
+    out += overhead.targets(over or {})
+    loop = [m for m in results if m.group == "loop-lag"]
+    inline = next((m for m in loop if m.label == INLINE and not m.error), None)
+    best, rule = best_boundeddb(loop)
+    if inline and best and inline.extra.get("ping_p99_s"):
+        b, i = best.extra["ping_p99_s"], inline.extra["ping_p99_s"]
+        shown = (
+            f"{best.label.removeprefix('loop-lag ')} {b * 1e3:.1f} ms at {best.ops_per_s or 0:.0f} DB req/s "
+            f"vs inline {i * 1e3:.1f} ms at {inline.ops_per_s or 0:.0f} DB req/s ({rule}, among "
+            f"{sum(1 for m in loop if not m.error)} variants)"
+        )
+        out.append(
+            check(
+                "loop-lag: best boundeddb variant /ping p99 <= inline / 5 and < 100 ms",
+                b,
+                lambda v: v * 5 <= i and v < 0.1,
+                shown,
+            )
+        )
+    else:
+        out.append(
+            check("loop-lag: best boundeddb variant /ping p99 <= inline / 5 and < 100 ms", None, bool, "-")
+        )
+    mem = next((m for m in results if m.group == "memory" and not m.error), None)
+    growth = mem.rss_growth_mb if mem else None
+    units = mem.config.get("units", 0) if mem else 0
+    note = "" if units >= 1_000_000 else f" (at {units:,} units; the target is for 1,000,000)"
+    out.append(check("memory: RSS growth < 50 MiB", growth, lambda v: v < 50, f"{fmt(growth)} MiB{note}"))
+    return out
+
+
+def collect(
+    env: dict[str, Any],
+    results: list[Measurement],
+    ratio: dict[str, dict[str, Any]],
+    data: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Every target of a PostgreSQL run: :func:`targets` and those of the sections that ran."""
+    out = targets(results, ratio, data.get("overhead"))
+    out += instructions.targets(data.get("instructions", {}))
+    if "auto_limit" in data:
+        out += auto_limit.targets(data["auto_limit"], env["limit"])
+    if "mixed" in data:
+        out += mixed_priorities.targets(data["mixed"])
+    return out
+
+
+def mysql_targets(ratio: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The one target of a MySQL/MariaDB run: the fastest runner against chunks of 40."""
+    r = ratio["best runner / chunked"]["value"]
+    status = "n/a" if r is None else ("PASS" if r >= 1.3 else "MISS")
+    target = "fastest runner >= 1.3x chunked-40 ops/s (MySQL/MariaDB)"
+    return [{"target": target, "value": r, "status": status, "shown": f"{fmt(r, digits=2)}x"}]
+
+
+def lines(found: list[dict[str, Any]]) -> list[str]:
+    """The section's heading and one line per target."""
+    out = ["## Targets (reported, not asserted)", ""]
+    return out + [f"- {t['status']}: {t['target']} — {t['shown']}" for t in found]

@@ -1,0 +1,289 @@
+"""
+``overhead``: each boundeddb runner against its hand-written equivalent, with peers, over K rounds.
+
+The project's target is that every runner reaches at least 0.97 of the ops/s of the code a user
+would write by hand for the same strategy.  A single run of each, one after the other, cannot
+resolve 3%: on a shared 2-core machine throughput drifts by about ±10% from one minute to the
+next.  So this scenario measures four pairs, each side on the same op functions, engine settings
+(``pool_size=L, max_overflow=0``, ``expire_on_commit=False``) and fresh tables:
+
+* ``semaphore``: ``SemaphoreRunner(limit=L)`` against a hand-written sliding window, L worker
+  coroutines pulling ops from one shared iterator, an AsyncSession per op (asyncpg).  In the same
+  rounds, as peers (informational, compared with the same hand-written window): the tutorial
+  pattern, ``asyncio.gather`` over a task per op behind ``asyncio.Semaphore(L)``,
+  ``aiometer.run_on_each(fn, ops, max_at_once=L)``, and ``SemaphoreRunner(limit=L,
+  verify_commits=True)`` (the cost of reading each writing unit's transaction id before COMMIT:
+  its ratio beside the plain runner's), and the runner watched (``on_outcome=`` a counter and
+  ``progress=`` a rich bar drawn into memory: what watching costs when asked for; the plain
+  runner, which asks for neither, has no per-unit work for it);
+* ``chunked``: ``ChunkedRunner(chunk_size=L)`` against ``asyncio.gather`` over each consecutive
+  chunk of L ops (asyncpg);
+* ``threads``: ``ThreadOffloadRunner(limit=L).run_sync(units)`` against
+  ``ThreadPoolExecutor(L).map`` (psycopg), both from plain sync code under a sync probe (no event
+  loop, no loop-lag ticker on either side);
+* ``threads-async``: ``await ThreadOffloadRunner(limit=L).run(units)`` under asyncio against
+  ``asyncio.gather`` over ``loop.run_in_executor`` on a ``ThreadPoolExecutor(L)`` (psycopg), both
+  under the async probe.
+
+The library sides count their progress with the runner's own ``progress=`` (nothing per unit;
+drawn only on a terminal), the hand-written sides with a counter each unit calls.
+
+In every round each pair runs its sides back to back: library, hand-written, then the peers in
+rounds 1, 3, 5, ... and the reverse order in rounds 2, 4, ..., so that a slow drift of the machine
+favours no side; the library and its hand-written equivalent are always neighbours
+(ABBA for the pair).  Every measurement runs the first ``min(N, 3000)`` ops of the sequence, with
+an application_name of its own.  A short warm-up of every side, not recorded, comes first.  The
+report gives per pair the median ops/s of each side and the per-round ratios library /
+hand-written with their median, min and max (the target uses the median); the peers' ratios to
+the hand-written side; and, as a cross-check that depends less on other processes' load, the
+per-round ratio of this process's CPU time per op, hand-written / library (above 1 means the
+library spent less).  ``--overhead-rounds`` sets K (1 in a plain run, 5 with ``--full``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from boundeddb import SemaphoreRunner
+
+from ..harness import Context, Measurement, Probe
+from ..scenario import Scenario
+from ..workload import Op, async_unit
+from . import chunked, hand_rolled, semaphore, threads
+from ._runner import record
+
+#: The most ops one overhead measurement runs (N_overhead = min(N, this)).
+MAX_OPS = 3_000
+#: Rounds in a plain run (a first look) and with ``--full`` (the reference runs' count).
+DEFAULT_ROUNDS, FULL_ROUNDS = 1, 5
+#: Rough seconds of the warm-up and of one round at N >= 3,000 on the development machine.
+WARMUP_S, SECONDS_PER_ROUND = 15, 110
+WARMUP_OPS = 100
+GROUP = "overhead"
+#: The target: every runner >= this fraction of its hand-written equivalent's ops/s.
+TARGET = 0.97
+LIBRARY, HAND_WRITTEN = "library", "hand-written"
+THREADS_DRIVER = "psycopg"
+
+Measure = Callable[[Context, int, list[Op], str, str], None]
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a pair: its key in the pair, the stem of its labels, what it runs."""
+
+    key: str
+    name: str
+    what: str
+    measure: Measure
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A runner, its hand-written equivalent (the yardstick), and peers measured in the same rounds."""
+
+    name: str
+    ratio_name: str
+    library: Side
+    hand: Side
+    peers: tuple[Side, ...] = ()
+
+    @property
+    def sides(self) -> tuple[Side, ...]:
+        return (self.library, self.hand, *self.peers)
+
+    def peer_ratio_name(self, peer: Side) -> str:
+        return f"{peer.name} / {self.hand.name}"
+
+
+def _semaphore(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(semaphore.measure(ctx, limit, ops, group=group, label=label))
+
+
+async def _measure_semaphore(
+    ctx: Context,
+    limit: int,
+    ops: list[Op],
+    group: str,
+    label: str,
+    *,
+    verify: bool = False,
+    watch: bool = False,
+) -> None:
+    """:func:`semaphore.measure` with ``verify_commits=True`` or watched (the runner under its own label)."""
+    ctx.reset()
+    app = ctx.app_name(label)
+    engine = ctx.db.async_engine(app, pool_size=limit)
+    sessions = async_sessionmaker(engine, expire_on_commit=False)
+    config = {"driver": "asyncpg", "limit": limit, "pool_size": limit, "max_overflow": 0}
+    watched: dict[str, Any] = {}
+    if verify:
+        config["verify_commits"] = True
+    if watch:
+        config.update(on_outcome=True, progress=True)
+        settled = [0]
+        console = Console(file=io.StringIO(), force_terminal=True, width=120)
+        watched = {
+            "progress": Progress(console=console, auto_refresh=False),
+            "on_outcome": lambda outcome: settled.__setitem__(0, settled[0] + 1),
+        }
+    try:
+        async with (
+            SemaphoreRunner(sessions, limit=limit, errors="collect", verify_commits=verify) as runner,
+            Probe(ctx, "semaphore", label, total=len(ops), app_name=app, group=group, config=config) as p,
+        ):
+            record(p, await runner.run([async_unit(op, p.tick) for op in ops], **watched))
+    finally:
+        await engine.dispose()
+
+
+def _semaphore_verified(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(_measure_semaphore(ctx, limit, ops, group, label, verify=True))
+
+
+def _semaphore_watched(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(_measure_semaphore(ctx, limit, ops, group, label, watch=True))
+
+
+def _window(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(hand_rolled.measure_window(ctx, limit, ops, group=group, label=label))
+
+
+def _tutorial(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(hand_rolled.measure_async(ctx, limit, ops, group=group, label=label))
+
+
+def _aiometer(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(hand_rolled.measure_aiometer(ctx, limit, ops, group=group, label=label))
+
+
+def _chunked(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(chunked.measure(ctx, limit, ops, group=group, label=label))
+
+
+def _chunks(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(hand_rolled.measure_chunks(ctx, limit, ops, group=group, label=label))
+
+
+def _threads_sync(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    threads.measure_sync(ctx, limit, ops, driver=THREADS_DRIVER, group=group, label=label)
+
+
+def _pool_map(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    hand_rolled.measure_threads(ctx, limit, ops, group=group, label=label)
+
+
+def _threads_async(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(threads.measure(ctx, limit, ops, driver=THREADS_DRIVER, group=group, label=label))
+
+
+def _run_in_executor(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    asyncio.run(hand_rolled.measure_run_in_executor(ctx, limit, ops, group=group, label=label))
+
+
+PAIRS: dict[str, Pair] = {
+    p.name: p
+    for p in (
+        Pair(
+            "semaphore",
+            "semaphore / hand-written window",
+            Side(LIBRARY, "semaphore", "SemaphoreRunner(limit=L).run", _semaphore),
+            Side(HAND_WRITTEN, "hand-written window", "L worker coroutines on one shared iterator", _window),
+            (
+                Side(
+                    "verify-commits",
+                    "semaphore verify_commits",
+                    "SemaphoreRunner(limit=L, verify_commits=True).run",
+                    _semaphore_verified,
+                ),
+                Side(
+                    "watched",
+                    "semaphore watched",
+                    "SemaphoreRunner(limit=L).run(units, on_outcome=..., progress=...)",
+                    _semaphore_watched,
+                ),
+                Side(
+                    "tutorial", "tutorial gather+Semaphore", "gather, a task per op, Semaphore(L)", _tutorial
+                ),
+                Side("aiometer", "aiometer", "aiometer.run_on_each(fn, ops, max_at_once=L)", _aiometer),
+            ),
+        ),
+        Pair(
+            "chunked",
+            "chunked / hand-written chunks",
+            Side(LIBRARY, "chunked", "ChunkedRunner(chunk_size=L).run", _chunked),
+            Side(HAND_WRITTEN, "hand-written chunks", "gather over each chunk of L ops", _chunks),
+        ),
+        Pair(
+            "threads",
+            "threads run_sync / ThreadPoolExecutor.map",
+            Side(
+                LIBRARY, "threads run_sync", "ThreadOffloadRunner(limit=L).run_sync, no loop", _threads_sync
+            ),
+            Side(HAND_WRITTEN, "ThreadPoolExecutor.map", "ThreadPoolExecutor(L).map, no loop", _pool_map),
+        ),
+        Pair(
+            "threads-async",
+            "threads run / run_in_executor",
+            Side(LIBRARY, "threads run", "await ThreadOffloadRunner(limit=L).run, asyncio", _threads_async),
+            Side(
+                HAND_WRITTEN, "run_in_executor", "gather over loop.run_in_executor, asyncio", _run_in_executor
+            ),
+        ),
+    )
+}
+
+
+def order(pair: Pair, k: int) -> tuple[Side, ...]:
+    """The sides of ``pair`` in round ``k`` (0-based): forward in even rounds, reversed in odd ones."""
+    return pair.sides if k % 2 == 0 else tuple(reversed(pair.sides))
+
+
+def _measure(ctx: Context, side: Side, ops: list[Op], group: str, label: str) -> None:
+    """One measurement; an error outside its probe is recorded too, and the rounds go on."""
+    try:
+        side.measure(ctx, ctx.limit, ops, group, label)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        ctx.results.append(Measurement(side.name, label, group=group, schema=ctx.schema, error=error))
+        ctx.log(f"{label}: FAILED: {error}")
+
+
+def run(ctx: Context) -> None:
+    ops = ctx.ops[: min(len(ctx.ops), MAX_OPS)]
+    rounds = max(1, ctx.overhead_rounds)
+    warm = ops[:WARMUP_OPS]
+    before = len(ctx.results)
+    for pair in PAIRS.values():
+        for side in pair.sides:
+            _measure(ctx, side, warm, "warm-up", f"warm-up {side.name}")
+    del ctx.results[before:]  # the warm-up is not a result
+    for k in range(rounds):
+        direction = "forward" if k % 2 == 0 else "reversed"
+        for pair in PAIRS.values():
+            for position, side in enumerate(order(pair, k), start=1):
+                label = f"{side.name} (L={ctx.limit}) round {k + 1}"
+                first = len(ctx.results)
+                _measure(ctx, side, ops, GROUP, label)
+                for m in ctx.results[first:]:
+                    m.config.update(
+                        pair=pair.name, side=side.key, round=k + 1, position=position, order=direction
+                    )
+
+
+SCENARIO = Scenario(
+    name="overhead",
+    run=run,
+    what="each runner against its hand-written equivalent, with peers, in interleaved rounds",
+    section="Library overhead",
+    seconds=WARMUP_S + DEFAULT_ROUNDS * SECONDS_PER_ROUND,
+    index_pass=True,
+)
