@@ -272,6 +272,21 @@ def test_a_function_workers_cannot_import_is_refused(pg_url: URL, fn: Any, match
         runner.map_sync(fn, [1])
 
 
+@pytest.mark.parametrize(
+    ("driver", "fn", "match"),
+    [
+        ("asyncpg", units.insert_sync, r"fn is a plain def, but the driver of url \(asyncpg\) is async only"),
+        ("psycopg2", units.insert, r"fn is an async def, but the driver of url \(psycopg2\) is sync"),
+    ],
+)
+def test_a_function_of_the_other_kind_than_the_driver_is_refused(
+    pg_url: URL, driver: str, fn: Any, match: str
+) -> None:
+    """An async def needs an async driver and a plain def a sync one: said before any unit runs."""
+    with ProcessRunner(driver_url(pg_url, driver), limit=2) as runner, pytest.raises(TypeError, match=match):
+        runner.map_sync(fn, [1])
+
+
 def test_the_runner_refuses_misuse(pg_url: URL) -> None:
     """Not an iterable, a closed runner, map_sync from async code: each says what to do."""
     runner = ProcessRunner(driver_url(pg_url, "asyncpg"), limit=2)

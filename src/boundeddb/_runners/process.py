@@ -100,6 +100,23 @@ def _check_fn(fn: object) -> tuple[Kind, bytes]:
     return (Kind.ASYNC if is_async else Kind.SYNC), data
 
 
+def _check_driver(kind: Kind, url: URL) -> None:
+    """A function of ``kind`` needs a driver of its kind: an async one for ``async def``, else a sync one."""
+    driver = url.get_driver_name()
+    if kind is Kind.ASYNC and not url.get_dialect(_is_async=True).is_async:
+        msg = (
+            f"fn is an async def, but the driver of url ({driver}) is sync: pass a plain def fn, or a URL "
+            "with an async driver (postgresql+asyncpg, postgresql+psycopg, mysql+aiomysql)"
+        )
+        raise TypeError(msg)
+    if kind is Kind.SYNC and url.get_dialect().is_async:
+        msg = (
+            f"fn is a plain def, but the driver of url ({driver}) is async only: pass an async def fn, or a "
+            "URL with a sync driver (postgresql+psycopg, postgresql+psycopg2, mysql+pymysql)"
+        )
+        raise TypeError(msg)
+
+
 def _shares(limit: int, processes: int) -> list[int]:
     """``limit`` split over ``processes`` as evenly as it goes (the first ones take one more)."""
     base, extra = divmod(limit, processes)
@@ -201,6 +218,7 @@ class ProcessRunner:
             for share in _shares(self._limit, processes)
         ]
         self._processes = processes
+        self._url = parsed
         self._verify = verify
         self._fleet = Fleet(backend, configs)
         self._closed = False
@@ -333,6 +351,7 @@ class ProcessRunner:
 
     async def _map(self, fn: object, items: object, *, measure_loop_lag: bool) -> RunReport[Any]:
         kind, fn_bytes = _check_fn(fn)
+        _check_driver(kind, self._url)
         if not isinstance(items, (Iterable, AsyncIterable)) or isinstance(items, (str, bytes)):
             msg = (
                 f"items must be an iterable or async iterable, got {type(items).__name__}: "
