@@ -265,11 +265,11 @@ def test_bad_arguments_are_refused_before_any_worker_starts(
 )
 def test_a_function_workers_cannot_import_is_refused(pg_url: URL, fn: Any, match: str) -> None:
     """fn is checked in the caller, before any worker sees it."""
-    with (
-        ProcessRunner(driver_url(pg_url, "asyncpg"), limit=2) as runner,
-        pytest.raises(TypeError, match=match),
-    ):
+    runner = ProcessRunner(driver_url(pg_url, "asyncpg"), limit=2)  # not entered: no worker starts
+    with pytest.raises(TypeError, match=match):
         runner.map_sync(fn, [1])
+    assert "ready=0" in repr(runner)
+    runner.close()
 
 
 @pytest.mark.parametrize(
@@ -283,8 +283,10 @@ def test_a_function_of_the_other_kind_than_the_driver_is_refused(
     pg_url: URL, driver: str, fn: Any, match: str
 ) -> None:
     """An async def needs an async driver and a plain def a sync one: said before any unit runs."""
-    with ProcessRunner(driver_url(pg_url, driver), limit=2) as runner, pytest.raises(TypeError, match=match):
+    runner = ProcessRunner(driver_url(pg_url, driver), limit=2)  # not entered: no worker starts
+    with pytest.raises(TypeError, match=match):
         runner.map_sync(fn, [1])
+    runner.close()
 
 
 def test_the_runner_refuses_misuse(pg_url: URL) -> None:
