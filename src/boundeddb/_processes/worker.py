@@ -7,6 +7,7 @@ import contextlib
 import os
 import pickle
 import signal
+import socket
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -43,7 +44,19 @@ def serve(connection: Connection, config: WorkerConfig) -> None:
     try:
         asyncio.run(Worker(connection, config).serve())
     finally:
-        connection.close()
+        _hang_up(connection)
+
+
+def _hang_up(connection: Connection) -> None:
+    """
+    Close both ways of the pipe, so that the parent reads its end at once.
+
+    Closing alone would not: the reader thread's ``recv`` holds the socket open until it returns,
+    which, in a Dask task whose process goes on, is never.
+    """
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(connection.fileno())) as duplicate:
+        duplicate.shutdown(socket.SHUT_RDWR)
+    connection.close()
 
 
 class Gate:
