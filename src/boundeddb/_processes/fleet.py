@@ -149,14 +149,16 @@ class Fleet:
         exit_message = pickle.dumps((p.EXIT,))
         for link in links:
             link.send(exit_message)
+        # Each slot's thread waits for its worker to end (only it: waiting on a process from two
+        # threads races), so wait for the threads, and kill the workers of those that do not end.
         deadline = time.monotonic() + timeout
-        for link in links:
-            if not link.started.wait(max(0.0, deadline - time.monotonic())):
-                logger.warning("%s did not exit within %s s: killing it", link.name(), timeout)
-                link.started.kill()
-                link.started.wait(timeout)
-        for thread in self._threads:
-            thread.join(timeout)
+        for slot, thread in zip(self.slots, self._threads, strict=False):  # no threads if never started
+            thread.join(max(0.0, deadline - time.monotonic()))
+            hung = slot.link
+            if thread.is_alive() and hung is not None:
+                logger.warning("%s did not exit within %s s: killing it", hung.name(), timeout)
+                hung.started.kill()
+                thread.join(timeout)
         self.backend.close()
 
     # -- a slot's thread ------------------------------------------------------------------------------
