@@ -335,7 +335,6 @@ async def test_a_unit_whose_writes_only_commit_sends_is_looked_up_too(
     assert committed_units(admin) == [0, 1]
 
 
-
 @pytest.mark.anyio
 @pytest.mark.usefixtures("items_table")
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

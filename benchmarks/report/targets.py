@@ -1,8 +1,8 @@
 """
 The report's targets: the project's goals, each PASS, MISS or n/a (reported, never asserted).
 
-The throughput, overhead, loop-lag and memory targets are here; the instructions, auto-limit and
-mixed sections add their own (see :func:`collect`).
+The throughput, overhead, loop-lag and memory targets are here; the instructions, auto-limit,
+mixed and processes sections add their own (see :func:`collect`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..harness import Measurement
-from . import auto_limit, instructions, mixed_priorities, overhead
+from . import auto_limit, instructions, mixed_priorities, overhead, processes
 from .loop_lag import INLINE, best_boundeddb
 from .tables import fmt
 
@@ -85,6 +85,8 @@ def collect(
         out += auto_limit.targets(data["auto_limit"], env["limit"])
     if "mixed" in data:
         out += mixed_priorities.targets(data["mixed"])
+    if "processes" in data:
+        out += processes.targets(data["processes"])
     return out
 
 
