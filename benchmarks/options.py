@@ -124,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="K",
         help="rounds of the processes scenario's 7 sides, order alternating "
         f"(default {processes.DEFAULT_ROUNDS}; {processes.QUICK_ROUNDS} with --quick; "
-        f"~{processes.SECONDS_PER_ROUND / 60:.0f} min a round and schema)",
+        f"~{processes.SECONDS_PER_ROUND} s a round and schema)",
     )
     p.add_argument(
         "--instructions-pair",

@@ -230,15 +230,15 @@ def model_lines(schema: str, m: dict[str, Any] | None) -> list[str]:
     out = [
         f"Beyond this machine ({schema} schema): client CPU per op c = {m['client_cpu_ms_per_op']:.2f} ms "
         f"({how}); server CPU per op s = {m['server_cpu_ms_per_op']:.2f} ms (ProcessRunner(2)'s backends); "
-        f"the parent process's share p = {m['parent_cpu_ms_per_op']:.3f} ms per op (an upper bound: "
-        "it includes its start-up and the probe's sampler).",
+        f"the parent process's share p <= {m['parent_cpu_ms_per_op']:.3f} ms per op (an upper bound: "
+        "it includes starting the workers, and the probe's sampler and loop-lag ticker, which run there).",
         "",
         *table(
             [
                 "client cores (one worker each)",
                 "client-bound ops/s = cores / c",
                 "server cores needed = ops/s x s",
-                "parent's cores = ops/s x p",
+                "parent's cores <= ops/s x p",
             ],
             [
                 [
@@ -256,7 +256,8 @@ def model_lines(schema: str, m: dict[str, Any] | None) -> list[str]:
             f"S={k['server_cores']}: {k['ops_s']:,.0f} ops/s with {k['client_cores']:.1f} client cores"
             for k in m["servers"]
         )
-        + f".  One parent process hands out at most 1 / p = {m['parent_ceiling_ops_s']:,.0f} ops/s.",
+        + ".  One parent process hands out units to all the workers: it caps a runner at 1 / p, at least "
+        f"{m['parent_ceiling_ops_s']:,.0f} ops/s.",
         "",
         "The model assumes: every worker process has a core of its own and spends c per op whatever "
         "their number (no shared cache or memory-bandwidth limit, no lock contention); the limit grows "

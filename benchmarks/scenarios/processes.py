@@ -71,7 +71,7 @@ WARMUP_OPS = 200
 #: Rounds by default, and with --quick.
 DEFAULT_ROUNDS, QUICK_ROUNDS = 3, 1
 #: Rough seconds, on 2 quiet cores: the LocalCluster and the warm-up, then one round of the 7 sides.
-SETUP_S, SECONDS_PER_ROUND = 60, 110
+SETUP_S, SECONDS_PER_ROUND = 50, 75
 HAND_PROCESSES = DASK_WORKERS = 2
 THREADS_DRIVER = "psycopg"
 
