@@ -305,7 +305,8 @@ def _goal(name: str, r: dict[str, Any] | None, goal: float) -> dict[str, Any]:
     value = r.get("geomean") if r else None
     if r and value is not None:
         shown = (
-            f"{_interval(r)} (geometric mean over {rounds(len(r['ratios']))} and its 95% interval; "
+            f"{_interval(r)} (geometric mean over {rounds(len(r['ratios']))}"
+            f"{' and its 95% interval' if r.get('ci') else ''}; "
             f"median {fmt(r['median'], digits=3)}; without shutdown {fmt(r['without_shutdown'], digits=3)})"
         )
     else:
