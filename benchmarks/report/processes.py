@@ -17,7 +17,7 @@ from ..harness import Measurement
 from ..scenarios import processes as sc
 from .charts import plt
 from .stats import geometric_mean, measured, median_of, per_round
-from .tables import fmt, rounds, table
+from .tables import fmt, rounds, table, verdict
 
 #: The goals: ProcessRunner(2) / one SemaphoreRunner on the indexed schema, ProcessRunner(2) / the
 #: hand-written pool, the Dask LocalCluster / ProcessRunner(2); each the geometric mean of the rounds.
@@ -311,7 +311,7 @@ def _goal(name: str, r: dict[str, Any] | None, goal: float) -> dict[str, Any]:
         )
     else:
         shown = "no round completed" if r else "did not run"
-    status = "n/a" if value is None else ("PASS" if value >= goal else "MISS")
+    status = verdict(value, goal)
     return {"target": name, "value": value, "status": status, "shown": shown}
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from ..harness import Measurement
 from . import auto_limit, instructions, mixed_priorities, overhead, processes
 from .loop_lag import INLINE, best_boundeddb
-from .tables import fmt
+from .tables import fmt, verdict
 
 #: What hand-written scripts measured on this machine at N=35,000 (for orientation only).
 PREVIOUS_35K = {
@@ -93,7 +93,7 @@ def collect(
 def mysql_targets(ratio: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The one target of a MySQL/MariaDB run: the fastest runner against chunks of 40."""
     r = ratio["best runner / chunked"]["value"]
-    status = "n/a" if r is None else ("PASS" if r >= 1.3 else "MISS")
+    status = verdict(r, 1.3)
     target = "fastest runner >= 1.3x chunked-40 ops/s (MySQL/MariaDB)"
     return [{"target": target, "value": r, "status": status, "shown": f"{fmt(r, digits=2)}x"}]
 
