@@ -4,6 +4,10 @@
 See :mod:`benchmarks.options` for what a run takes (``--help`` lists every scenario with its
 time), :mod:`benchmarks.suite` for how it runs them, and :mod:`benchmarks.report` for what it
 writes.  ``--render DIR`` writes DIR's report and charts again from its results.json.
+
+Everything but the standard library is imported inside :func:`main`: processes started with
+``spawn`` (the ``processes`` scenario's workers, Dask's) import the main module again, and should
+not pay for the whole suite (matplotlib, the web stack) before their first unit.
 """
 
 from __future__ import annotations
@@ -13,24 +17,26 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .db import Server
-from .db import mysql as mysql_db
-from .db.postgresql import resolve
-from .harness import Context, Measurement
-from .options import parse
-from .report.files import read_results, write_json, write_report
-from .report.headline import headline
-from .scenario import MYSQL
-from .scenarios import BY_NAME, overhead
-from .suite import about, environment, progress_bars, run_suite
-from .workload import make_ops
+if TYPE_CHECKING:
+    from .db import Server
+    from .harness import Measurement
 
 RESULTS = Path(__file__).with_name("results")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .db import mysql as mysql_db
+    from .db.postgresql import resolve
+    from .harness import Context
+    from .options import parse
+    from .report.files import read_results, write_json
+    from .scenario import MYSQL
+    from .scenarios import BY_NAME, overhead
+    from .suite import about, environment, progress_bars, run_suite
+    from .workload import make_ops
+
     # Lines must reach a pipe (nox, CI, tee) as they are printed, not when a buffer fills.
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
@@ -74,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             auto_rounds=args.auto_rounds,
             sweep_passes=args.sweep_passes,
             post_002_rounds=args.post_002_rounds,
+            processes_rounds=args.processes_rounds,
             instructions_pairs=tuple(args.instructions_pair or overhead.PAIRS),
             progress=progress,
         )
@@ -93,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def finish(out: Path, env: dict[str, Any], results: list[Measurement]) -> None:
     """Write the report, results.json and charts to ``out``; print the report, then the headline."""
+    from .report.files import write_report
+    from .report.headline import headline
+
     text, data, written = write_report(out, env, results)
     print(text)
     print("Headline:")

@@ -97,6 +97,8 @@ class Context:
     sweep_passes: int = 1
     #: Rounds of the post-002 scenario.
     post_002_rounds: int = 10
+    #: Rounds of the processes scenario.
+    processes_rounds: int = 3
     #: The overhead pairs the instructions scenario counts.
     instructions_pairs: tuple[str, ...] = ()
     progress: Progress | None = None

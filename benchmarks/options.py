@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .db import mysql as mysql_db
 from .scenario import MYSQL, POSTGRESQL
-from .scenarios import BY_NAME, default_set, on, overhead, post002_mysql_sync_vs_async
+from .scenarios import BY_NAME, default_set, on, overhead, post002_mysql_sync_vs_async, processes
 from .suite import about
 
 #: Default DB requests per loop-lag variant: N/2, at most this (the scenario has 18 variants).
@@ -49,7 +49,8 @@ def scenario_list() -> str:
         f"A plain run takes the * scenarios: {about(default)}.  --full takes all of them with "
         f"{overhead.FULL_ROUNDS} overhead rounds: {about(full)} (with pgbouncer and valgrind installed).  "
         f"--database mysql: {about(mysql)}.  --index runs the throughput scenarios, overhead, "
-        "instructions, limit-sweep and auto-limit again on the indexed schema (about twice as long).  "
+        "instructions, limit-sweep, auto-limit and processes again on the indexed schema (about twice "
+        "as long).  "
         f"--n {POST_N} (the post's size; memory then streams 1,000,000 units, about 8 min) makes the "
         "throughput rows about 10 times as long.  A machine shared with other work takes longer."
     )
@@ -118,6 +119,14 @@ def parser() -> argparse.ArgumentParser:
         "limit is the one with the most ops/s on average over them (default 1)",
     )
     p.add_argument(
+        "--processes-rounds",
+        type=int,
+        metavar="K",
+        help="rounds of the processes scenario's 7 sides, order alternating "
+        f"(default {processes.DEFAULT_ROUNDS}; {processes.QUICK_ROUNDS} with --quick; "
+        f"~{processes.SECONDS_PER_ROUND} s a round and schema)",
+    )
+    p.add_argument(
         "--instructions-pair",
         action="append",
         choices=list(overhead.PAIRS),
@@ -165,6 +174,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     default_memory = 1_000_000 if n >= POST_N else (5_000 if args.quick else 50_000)
     args.memory_units = args.memory_units or default_memory
     args.loop_lag_requests = args.loop_lag_requests or max(200, min(n // 2, LOOP_LAG_REQUESTS_CAP))
+    if args.processes_rounds is None:
+        args.processes_rounds = processes.QUICK_ROUNDS if args.quick else processes.DEFAULT_ROUNDS
     if args.overhead_rounds is None:
         args.overhead_rounds = overhead.FULL_ROUNDS if args.full else overhead.DEFAULT_ROUNDS
     available = [s.name for s in on(args.database)]
@@ -187,6 +198,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         or args.auto_rounds < 1
         or args.sweep_passes < 1
         or args.post_002_rounds < 1
+        or args.processes_rounds < 1
         or args.rounds < 1
     ):
         p.error("--limit, --rounds and each scenario's rounds must be >= 1, and --n >= 2")

@@ -62,6 +62,13 @@ class Database(ServerFacts):
             self.libpq_dsn(), autocommit=True, application_name=app_name, connect_timeout=5
         )
 
+    def async_options(self, app_name: str) -> dict[str, Any]:
+        """
+        The asyncpg engine options of the suite's async engines besides the pool's size: connections
+        that carry ``app_name``, a 60 s pool timeout (plain data: a ProcessRunner sends them to its workers).
+        """
+        return {"connect_args": {"server_settings": {"application_name": app_name}}, "pool_timeout": 60}
+
     def async_engine(
         self, app_name: str, *, pool_size: int, driver: str | None = None, **kw: Any
     ) -> AsyncEngine:
@@ -69,13 +76,8 @@ class Database(ServerFacts):
         if driver not in (None, self.async_driver):
             raise ValueError(f"the PostgreSQL scenarios run async units on asyncpg, not {driver}")
         kw.setdefault("max_overflow", 0)
-        kw.setdefault("pool_timeout", 60)
-        return create_async_engine(
-            self.driver_url("asyncpg"),
-            pool_size=pool_size,
-            connect_args={"server_settings": {"application_name": app_name}},
-            **kw,
-        )
+        options = {**self.async_options(app_name), **kw}
+        return create_async_engine(self.driver_url("asyncpg"), pool_size=pool_size, **options)
 
     def sync_engine(self, app_name: str, *, pool_size: int, driver: str = "psycopg", **kw: Any) -> Engine:
         """A psycopg (or psycopg2) engine whose connections carry ``app_name``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -36,6 +37,12 @@ def threads_cpu_s(pid: int) -> dict[int, float]:
         return {}
     found = {tid: thread_cpu_s(pid, tid) for tid in tids}
     return {tid: cpu for tid, cpu in found.items() if cpu is not None}
+
+
+def children_cpu_s() -> float:
+    """utime + stime of this process's children that ended and were waited for (getrusage)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def self_rss() -> int:

@@ -11,7 +11,7 @@ from ..harness import Measurement
 from ..scenarios import auto_limit as al
 from .charts import plt
 from .stats import geometric_mean
-from .tables import fmt, row
+from .tables import fmt, row, verdict
 
 #: auto >= this fraction of the best fixed limit's ops/s (geometric mean of the rounds' ratios).
 TARGET_RATIO = 0.95
@@ -232,7 +232,7 @@ def targets(data: dict[str, Any], capacity: int) -> list[dict[str, Any]]:
             f"{_interval(c)} (geometric mean of {len(c['ratios'])} rounds' ratios and its 95% interval; "
             f"median {fmt(c['median'], digits=3)}; against L={c['fixed']})"
         )
-        status = "n/a" if v is None else ("PASS" if v >= TARGET_RATIO else "MISS")
+        status = verdict(v, TARGET_RATIO)
         out.append({"target": name, "value": v, "status": status, "shown": shown})
     pairs = data.get("neighbour", {}).get("pairs", [])
     name = (

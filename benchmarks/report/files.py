@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from ..harness import Measurement
-from ..scenarios import fleet, mixed_priorities, post002_mysql_sync_vs_async
+from ..scenarios import fleet, mixed_priorities, post002_mysql_sync_vs_async, processes
 from . import auto_limit, charts, post002
 from . import fleet as fleet_report
 from . import mixed_priorities as mixed_report
+from . import processes as processes_report
 from .render import render
 
 
@@ -47,6 +48,7 @@ def write_report(
         auto_limit.chart(out / "auto_limit.png", rows("auto")),
         mixed_report.chart(out / "mixed.png", rows(mixed_priorities.GROUP)),
         fleet_report.chart(out / "fleet.png", rows(fleet.GROUP)),
+        processes_report.chart(out / "processes.png", rows(processes.GROUP)),
         post002.chart(out / "post002.png", rows(post002_mysql_sync_vs_async.GROUP)),
     ]
     (out / "report.md").write_text(text)

@@ -135,6 +135,21 @@ def _fleet(data: dict[str, Any]) -> str | None:
     )
 
 
+def _processes(data: dict[str, Any]) -> str | None:
+    schemas = data.get("processes", {})
+    schema = "index" if "index" in schemas else "faithful"
+    ratios, sides = schemas.get(schema, {}).get("ratios", {}), schemas.get(schema, {}).get("sides", {})
+    speedup, hand = ratios.get("process-2 / semaphore", {}), ratios.get("process-2 / hand-written-2", {})
+    if not speedup.get("geomean") or "process-2" not in sides:
+        return None
+    shown = f"{hand['geomean']:.2f}x the hand-written pool, " if hand.get("geomean") else ""
+    return (
+        f"Processes ({schema} schema, L=8, start-up included): ProcessRunner(2) "
+        f"{sides['process-2']['ops_per_s']:,.0f} ops/s, {speedup['geomean']:.2f}x one SemaphoreRunner, "
+        f"{shown}start-up {sides['process-2']['startup_s']:.1f} s."
+    )
+
+
 def _instructions(data: dict[str, Any]) -> str | None:
     pairs = [
         (name, p)
@@ -171,6 +186,7 @@ def headline(results: list[Measurement], data: dict[str, Any]) -> list[str]:
         _mixed(data),
         _post004(results),
         _fleet(data),
+        _processes(data),
         _instructions(data),
         _post002(data),
     ]

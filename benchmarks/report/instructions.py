@@ -7,6 +7,7 @@ from typing import Any
 from ..harness import Measurement
 from ..scenarios.instructions import GROUP, LARGE, SMALL
 from ..scenarios.overhead import HAND_WRITTEN, LIBRARY, PAIRS, TARGET
+from .tables import verdict
 
 
 def summary(rows: list[Measurement], schema: str) -> dict[str, dict[str, Any]]:
@@ -48,7 +49,7 @@ def section(rows: list[Measurement]) -> tuple[list[str], dict[str, Any]]:
             data[schema] = s
         for p in s.values():
             ratio = p["ratio"]
-            status = "n/a" if ratio is None else ("PASS" if ratio >= TARGET else "MISS")
+            status = verdict(ratio, TARGET)
             lib, hand = p["library_per_op"], p["hand_written_per_op"]
             lines.append(
                 f"| {p['ratio_name']} | {schema} | {'-' if lib is None else f'{lib / 1e6:.3f}'} | "
@@ -80,7 +81,7 @@ def targets(data: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
                     f"equivalent (instructions, hand-written / library >= {TARGET}): "
                     f"{p['ratio_name']}, {schema}",
                     "value": ratio,
-                    "status": "n/a" if ratio is None else ("PASS" if ratio >= TARGET else "MISS"),
+                    "status": verdict(ratio, TARGET),
                     "shown": "-" if ratio is None else f"{ratio:.4f}",
                     "pair": name,
                     "schema": schema,

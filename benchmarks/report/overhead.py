@@ -13,7 +13,7 @@ from typing import Any
 from ..harness import Measurement
 from ..scenarios.overhead import GROUP, HAND_WRITTEN, LIBRARY, PAIRS, TARGET
 from .stats import median_of
-from .tables import fmt, rounds, table
+from .tables import fmt, rounds, table, verdict
 
 
 def _ok(m: Measurement | None) -> bool:
@@ -197,7 +197,7 @@ def targets(over: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
                 )
             else:
                 shown = "no round completed" if s else "the overhead scenario did not run"
-            status = "n/a" if value is None else ("PASS" if value >= TARGET else "MISS")
+            status = verdict(value, TARGET)
             out.append(
                 {
                     "target": f"every runner >= {TARGET} of its hand-written equivalent: "

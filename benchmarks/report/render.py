@@ -3,8 +3,8 @@ The Markdown report of a run, and the data behind its ratios and targets.
 
 :func:`render` writes the header, then each section whose rows the run has, in a fixed order:
 throughput, library overhead, instructions, ratios, limit sweep, auto limit, priorities, fleet,
-loop lag, post 004, post 002, memory, targets.  Each section's module turns its rows into lines
-and data; nothing here measures or prints.
+processes, loop lag, post 004, post 002, memory, targets.  Each section's module turns its rows
+into lines and data; nothing here measures or prints.
 """
 
 from __future__ import annotations
@@ -12,12 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..harness import Measurement
-from ..scenarios import fleet, mixed_priorities, post002_mysql_sync_vs_async, post004_ping_under_slow_requests
+from ..scenarios import (
+    fleet,
+    mixed_priorities,
+    post002_mysql_sync_vs_async,
+    post004_ping_under_slow_requests,
+    processes,
+)
 from ..scenarios import instructions as instructions_scenario
 from ..scenarios import overhead as overhead_scenario
 from . import auto_limit, instructions, loop_lag, overhead, post002, post004, targets, throughput
 from . import fleet as fleet_report
 from . import mixed_priorities as mixed_report
+from . import processes as processes_report
 from .tables import median_rows, memory_table, sweep_table
 
 
@@ -85,6 +92,9 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         out += lines
     if fleet_rows := rows_of(fleet.GROUP):
         lines, data["fleet"] = fleet_report.section(fleet_rows)
+        out += lines
+    if processes_rows := rows_of(processes.GROUP):
+        lines, data["processes"] = processes_report.section(processes_rows)
         out += lines
     if loop:
         out += [

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,6 +48,26 @@ def geometric_mean(ratios: list[float]) -> tuple[float | None, float | None, flo
     t = T_975[len(logs) - 2] if len(logs) - 1 <= len(T_975) else 1.96
     half = t * statistics.stdev(logs) / math.sqrt(len(logs))
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def per_round(
+    rows: Iterable[Measurement], a: str, b: str, value: Callable[[Measurement], float | None]
+) -> list[float]:
+    """
+    Per round (``config["round"]``, in order): ``value`` of side ``a`` over that of side ``b``
+    (``config["side"]``), in the rounds where both have one.
+    """
+    by_round: dict[int, dict[str, Measurement]] = {}
+    for m in rows:
+        if "round" in m.config:
+            by_round.setdefault(int(m.config["round"]), {})[str(m.config.get("side"))] = m
+    out = []
+    for k in sorted(by_round):
+        x, y = by_round[k].get(a), by_round[k].get(b)
+        vx, vy = (value(x) if x else None), (value(y) if y else None)
+        if vx and vy:
+            out.append(vx / vy)
+    return out
 
 
 def mean_limit(trace: Sequence[Sequence[float]], end_s: float) -> float | None:

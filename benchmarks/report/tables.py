@@ -30,6 +30,11 @@ def rounds(n: int) -> str:
     return f"{n} round" if n == 1 else f"{n} rounds"
 
 
+def verdict(value: float | None, goal: float) -> str:
+    """A target's status: PASS at ``goal`` or above, MISS below, n/a without a value."""
+    return "n/a" if value is None else ("PASS" if value >= goal else "MISS")
+
+
 def status(m: Measurement) -> str:
     """A row's notes: its error's first line, or how many units failed."""
     if m.error:

@@ -1,8 +1,8 @@
 """
 The report's targets: the project's goals, each PASS, MISS or n/a (reported, never asserted).
 
-The throughput, overhead, loop-lag and memory targets are here; the instructions, auto-limit and
-mixed sections add their own (see :func:`collect`).
+The throughput, overhead, loop-lag and memory targets are here; the instructions, auto-limit,
+mixed and processes sections add their own (see :func:`collect`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..harness import Measurement
-from . import auto_limit, instructions, mixed_priorities, overhead
+from . import auto_limit, instructions, mixed_priorities, overhead, processes
 from .loop_lag import INLINE, best_boundeddb
-from .tables import fmt
+from .tables import fmt, verdict
 
 #: What hand-written scripts measured on this machine at N=35,000 (for orientation only).
 PREVIOUS_35K = {
@@ -85,13 +85,15 @@ def collect(
         out += auto_limit.targets(data["auto_limit"], env["limit"])
     if "mixed" in data:
         out += mixed_priorities.targets(data["mixed"])
+    if "processes" in data:
+        out += processes.targets(data["processes"])
     return out
 
 
 def mysql_targets(ratio: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The one target of a MySQL/MariaDB run: the fastest runner against chunks of 40."""
     r = ratio["best runner / chunked"]["value"]
-    status = "n/a" if r is None else ("PASS" if r >= 1.3 else "MISS")
+    status = verdict(r, 1.3)
     target = "fastest runner >= 1.3x chunked-40 ops/s (MySQL/MariaDB)"
     return [{"target": target, "value": r, "status": status, "shown": f"{fmt(r, digits=2)}x"}]
 

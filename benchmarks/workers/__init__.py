@@ -5,7 +5,9 @@ Code that runs in a child process of the suite, one module per kind of child.
 away from the suite's process), ``instructions`` (one overhead side under callgrind), ``loadgen``
 (the loop-lag and post-004 load generators and pinger) and ``neighbour`` (the auto-limit
 scenario's noisy neighbour).  Each is started with :func:`command`, talks over its standard
-input and output, and imports nothing it does not need.
+input and output, and imports nothing it does not need.  ``processes`` is not a command: it holds
+the functions that the processes scenario's spawned workers (ProcessRunner's, a
+``ProcessPoolExecutor``'s, Dask's) import by name.
 """
 
 from __future__ import annotations
