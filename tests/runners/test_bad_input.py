@@ -2,6 +2,8 @@
 
 Construction is checked on SQLite engines that never connect; misuse of units on the real
 PostgreSQL. Wherever the mistake can be seen up front, no connection may have been opened.
+Messages are checked for the phrases that matter (the argument, the value, the fix), in order,
+not word for word: the wording around them may improve.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ ASYNC_RUNNERS = ["SemaphoreRunner", "ChunkedRunner"]
 DEFAULT_LIMIT_RUNNERS = ["SemaphoreRunner", "ThreadOffloadRunner"]
 
 
-def exactly(message: str) -> str:
-    """A pattern for pytest.raises(match=...) that matches ``message`` and nothing else."""
-    return f"^{re.escape(message)}$"
+def says(*phrases: str) -> str:
+    """A pattern for pytest.raises(match=...): every phrase, in this order, anywhere in the message."""
+    return "(?s)" + ".*".join(re.escape(phrase) for phrase in phrases)
 
 
 def assert_untouched(pool: Pool) -> None:
@@ -94,11 +96,7 @@ def limit_name(runner: str) -> str:
 def test_limit_that_is_not_an_int_is_a_type_error(build: Builder, runner: str, value: object) -> None:
     """limit/chunk_size must be a real int (not a str, float or bool): TypeError naming it and the fix."""
     name = limit_name(runner)
-    message = (
-        f"{name} must be an int >= 1, got {value!r} ({type(value).__name__}): "
-        f"pass how many units may hold a connection at once, e.g. {name}=10"
-    )
-    with pytest.raises(TypeError, match=exactly(message)):
+    with pytest.raises(TypeError, match=says(f"{name} must be an int >= 1", f"got {value!r}", f"{name}=10")):
         build.runner(runner, **{name: value})
     build.assert_untouched()
 
@@ -108,10 +106,7 @@ def test_limit_that_is_not_an_int_is_a_type_error(build: Builder, runner: str, v
 def test_limit_below_one_is_a_value_error(build: Builder, runner: str, value: int) -> None:
     """limit/chunk_size of 0 or less is a ValueError naming it, the value and the fix."""
     name = limit_name(runner)
-    message = (
-        f"{name} must be >= 1, got {value}: pass how many units may hold a connection at once, e.g. {name}=10"
-    )
-    with pytest.raises(ValueError, match=exactly(message)):
+    with pytest.raises(ValueError, match=says(f"{name} must be >= 1", f"got {value}", f"{name}=10")):
         build.runner(runner, **{name: value})
     build.assert_untouched()
 
@@ -120,12 +115,13 @@ def test_limit_below_one_is_a_value_error(build: Builder, runner: str, value: in
 def test_limit_above_the_pool_capacity_is_refused(build: Builder, runner: str) -> None:
     """A limit the pool cannot serve is refused, naming both numbers and both ways out."""
     name = limit_name(runner)
-    message = (
-        f"{name}=20 is more than the pool can hand out: its capacity is 15 (pool_size=5 + max_overflow=10), "
-        f"so units would queue for connections and could hit the pool timeout. Pass {name}<=15, or create "
-        "the engine with pool_size + max_overflow >= 20."
+    message = says(
+        f"{name}=20",
+        "capacity is 15 (pool_size=5 + max_overflow=10)",
+        f"{name}<=15",
+        "pool_size + max_overflow >= 20",
     )
-    with pytest.raises(ValueError, match=exactly(message)):
+    with pytest.raises(ValueError, match=message):
         build.runner(runner, **{name: 20})
     build.assert_untouched()
 
@@ -163,11 +159,8 @@ def test_a_pool_without_a_fixed_capacity_needs_an_explicit_limit(
     """NullPool (or unlimited overflow) gives no capacity to default to: ValueError asking for limit=N."""
     if runner != "ThreadOffloadRunner" and pool_name == "QueuePool":
         pool_name = "AsyncAdaptedQueuePool"
-    message = (
-        f"{runner} needs an explicit limit: the engine's pool ({pool_name}) has no fixed capacity to "
-        "default to. Pass limit=N, at most what the database accepts (for example limit=10)."
-    )
-    with pytest.raises(ValueError, match=exactly(message)):
+    message = says(f"{runner} needs an explicit limit", f"({pool_name}) has no fixed capacity", "limit=N")
+    with pytest.raises(ValueError, match=message):
         build.runner(runner, pool=pool)
 
 
@@ -185,9 +178,7 @@ def test_a_static_pool_has_a_capacity_of_one(build: Builder, runner: str) -> Non
     assert build.runner(runner, pool=static, **{name: 1}).limit == 1
     if runner != "ChunkedRunner":
         assert build.runner(runner, pool=static).limit == 1
-    with pytest.raises(
-        ValueError, match=rf"^{name}=2 is more than the pool can hand out: its capacity is 1 "
-    ):
+    with pytest.raises(ValueError, match=says(f"{name}=2", "capacity is 1")):
         build.runner(runner, pool=static, **{name: 2})
 
 
@@ -195,12 +186,14 @@ def test_a_static_pool_has_a_capacity_of_one(build: Builder, runner: str) -> Non
 def test_an_async_runner_refuses_a_sync_sessionmaker(build: Builder, runner: str) -> None:
     """A sync sessionmaker given to an async runner: TypeError pointing at both fixes."""
     sessions = build.sessions("ThreadOffloadRunner")
-    message = (
-        f"{runner} runs async units and needs an async_sessionmaker, got a sync sessionmaker: "
-        "pass async_sessionmaker(create_async_engine(url)), or use ThreadOffloadRunner for sync sessions"
+    message = says(
+        f"{runner} runs async units and needs an async_sessionmaker",
+        "got a sync sessionmaker",
+        "async_sessionmaker(create_async_engine(url))",
+        "ThreadOffloadRunner",
     )
     cls = SemaphoreRunner if runner == "SemaphoreRunner" else ChunkedRunner
-    with pytest.raises(TypeError, match=exactly(message)):
+    with pytest.raises(TypeError, match=message):
         cls(sessions)
     build.assert_untouched()
 
@@ -208,12 +201,13 @@ def test_an_async_runner_refuses_a_sync_sessionmaker(build: Builder, runner: str
 def test_the_thread_runner_refuses_an_async_sessionmaker(build: Builder) -> None:
     """An async_sessionmaker given to ThreadOffloadRunner: TypeError pointing at both fixes."""
     sessions = build.sessions("SemaphoreRunner")
-    message = (
-        "ThreadOffloadRunner runs sync units in threads and needs a sync sessionmaker, got an "
-        "async_sessionmaker: pass sessionmaker(create_engine(url)) (e.g. postgresql+psycopg), "
-        "or use SemaphoreRunner for async units"
+    message = says(
+        "ThreadOffloadRunner runs sync units in threads and needs a sync sessionmaker",
+        "got an async_sessionmaker",
+        "sessionmaker(create_engine(url))",
+        "SemaphoreRunner",
     )
-    with pytest.raises(TypeError, match=exactly(message)):
+    with pytest.raises(TypeError, match=message):
         ThreadOffloadRunner(sessions)
     build.assert_untouched()
 
@@ -223,16 +217,12 @@ def test_something_that_is_not_a_sessionmaker_is_refused(build: Builder, runner:
     """Passing the engine itself (a common slip) or None is a TypeError saying what to pass."""
     engine = build.sessions(runner).kw["bind"]
     if runner == "ThreadOffloadRunner":
-        expected = (
-            "sessions must be a sqlalchemy.orm.sessionmaker, got {}: pass sessionmaker(create_engine(url))"
-        )
+        wanted, fix = "sessions must be a sqlalchemy.orm.sessionmaker", "sessionmaker(create_engine(url))"
     else:
-        expected = (
-            "sessions must be an async_sessionmaker, got {}: "
-            "pass async_sessionmaker(create_async_engine(url))"
-        )
+        wanted, fix = "sessions must be an async_sessionmaker", "async_sessionmaker(create_async_engine(url))"
     for wrong in (engine, None):
-        with pytest.raises(TypeError, match=exactly(expected.format(type(wrong).__name__))):
+        message = says(wanted, type(wrong).__name__, fix)
+        with pytest.raises(TypeError, match=message):
             _construct(runner, wrong)
     build.assert_untouched()
 
@@ -248,22 +238,15 @@ def _construct(runner: str, sessions: Any, **options: Any) -> Any:
 def test_a_sessionmaker_without_a_bind_is_refused(runner: str) -> None:
     """The runner needs the engine to size itself: an unbound sessionmaker is a ValueError."""
     sessions = sessionmaker() if runner == "ThreadOffloadRunner" else async_sessionmaker()
-    message = (
-        "sessions must be bound to one engine, got bind=None: "
-        "create it as sessionmaker(engine) / async_sessionmaker(engine)"
-    )
-    with pytest.raises(ValueError, match=exactly(message)):
+    message = says("sessions must be bound to one engine", "bind=None", "sessionmaker(engine)")
+    with pytest.raises(ValueError, match=message):
         _construct(runner, sessions)
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_errors_must_be_raise_or_collect(build: Builder, runner: str) -> None:
     """errors="ignore" is refused with both valid choices explained."""
-    message = (
-        "errors must be 'raise' (stop at the first failed unit and raise RunFailed) "
-        "or 'collect' (run every unit, failures become outcomes), got 'ignore'"
-    )
-    with pytest.raises(ValueError, match=exactly(message)):
+    with pytest.raises(ValueError, match=says("errors must be 'raise'", "'collect'", "got 'ignore'")):
         build.runner(runner, errors="ignore")
     build.assert_untouched()
 
@@ -272,8 +255,8 @@ def test_errors_must_be_raise_or_collect(build: Builder, runner: str) -> None:
 @pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf")], ids=["0", "-1", "nan", "inf"])
 def test_timeout_must_be_a_positive_number(build: Builder, runner: str, timeout: object) -> None:
     """timeout must be finite seconds > 0 or None; other numbers are a ValueError naming it."""
-    message = f"timeout must be a finite number of seconds > 0 (per unit attempt) or None, got {timeout!r}"
-    with pytest.raises(ValueError, match=exactly(message)):
+    message = says("timeout must be a finite number of seconds > 0", repr(timeout))
+    with pytest.raises(ValueError, match=message):
         build.runner(runner, timeout=timeout)
     build.assert_untouched()
 
@@ -282,11 +265,8 @@ def test_timeout_must_be_a_positive_number(build: Builder, runner: str, timeout:
 @pytest.mark.parametrize("timeout", ["1", True], ids=["str", "bool"])
 def test_timeout_must_be_a_number(build: Builder, runner: str, timeout: object) -> None:
     """A timeout that is not a number is a TypeError (as for limit), naming it and the fix."""
-    message = (
-        f"timeout must be a number of seconds (per unit attempt) or None, got {timeout!r} "
-        f"({type(timeout).__name__}): pass e.g. timeout=5"
-    )
-    with pytest.raises(TypeError, match=exactly(message)):
+    message = says("timeout must be a number of seconds", repr(timeout), "timeout=5")
+    with pytest.raises(TypeError, match=message):
         build.runner(runner, timeout=timeout)
     build.assert_untouched()
 
@@ -295,11 +275,8 @@ def test_timeout_must_be_a_number(build: Builder, runner: str, timeout: object) 
 @pytest.mark.parametrize("retry", [3, RetryPolicy], ids=["int", "the-class"])
 def test_retry_must_be_a_retry_policy(build: Builder, runner: str, retry: object) -> None:
     """retry=3 (or the class itself) is a TypeError showing how to build a policy."""
-    message = (
-        f"retry must be a boundeddb.RetryPolicy or None, got {retry!r}: "
-        "pass e.g. retry=RetryPolicy(attempts=3)"
-    )
-    with pytest.raises(TypeError, match=exactly(message)):
+    message = says("retry must be a boundeddb.RetryPolicy", repr(retry), "retry=RetryPolicy(attempts=3)")
+    with pytest.raises(TypeError, match=message):
         build.runner(runner, retry=retry)
     build.assert_untouched()
 
@@ -308,19 +285,16 @@ def test_retry_must_be_a_retry_policy(build: Builder, runner: str, retry: object
 @pytest.mark.parametrize("reserve", ["1", 1.0, True], ids=["str", "float", "bool"])
 def test_reserve_must_be_an_int(build: Builder, runner: str, reserve: object) -> None:
     """reserve="1" is a TypeError naming it and what it is for."""
-    message = (
-        f"reserve must be an int >= 0, got {reserve!r} ({type(reserve).__name__}): pass how many "
-        "of the limit's slots only calls with priority > 0 may use, e.g. reserve=1"
-    )
-    with pytest.raises(TypeError, match=exactly(message)):
+    message = says("reserve must be an int >= 0", repr(reserve), "priority > 0", "reserve=1")
+    with pytest.raises(TypeError, match=message):
         build.runner(runner, reserve=reserve)
     build.assert_untouched()
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_a_negative_reserve_is_a_value_error(build: Builder, runner: str) -> None:
-    message = "reserve must be >= 0, got -1: pass 0 for no reserve, or e.g. reserve=1"
-    with pytest.raises(ValueError, match=exactly(message)):
+    """reserve=-1 is a ValueError naming it, the value and the fix."""
+    with pytest.raises(ValueError, match=says("reserve must be >= 0", "-1", "reserve=1")):
         build.runner(runner, reserve=-1)
     build.assert_untouched()
 
@@ -330,11 +304,8 @@ def test_a_negative_reserve_is_a_value_error(build: Builder, runner: str) -> Non
 def test_a_reserve_as_large_as_the_limit_is_refused(build: Builder, runner: str, reserve: int) -> None:
     """reserve >= limit would leave priority-0 work no slot: a ValueError naming both numbers."""
     name = limit_name(runner)
-    message = (
-        f"reserve={reserve} must be less than {name}=5: priority-0 work would never get a slot. "
-        f"Pass reserve <= 4, or a larger {name}."
-    )
-    with pytest.raises(ValueError, match=exactly(message)):
+    message = says(f"reserve={reserve} must be less than {name}=5", "reserve <= 4", f"larger {name}")
+    with pytest.raises(ValueError, match=message):
         build.runner(runner, **{name: 5}, reserve=reserve)
     assert build.runner(runner, **{name: 5}, reserve=4).statistics().reserve == 4
     build.assert_untouched()
@@ -343,11 +314,8 @@ def test_a_reserve_as_large_as_the_limit_is_refused(build: Builder, runner: str,
 @pytest.mark.parametrize("runner", DEFAULT_LIMIT_RUNNERS)
 def test_an_auto_limit_needs_room_for_its_reserve(build: Builder, runner: str) -> None:
     """With limit="auto" the reserve sits on top of what moves: min_limit + reserve must fit the ceiling."""
-    message = (
-        "reserve=4 leaves priority-0 work fewer than min_limit=2 slots under the auto limit's ceiling of 5 "
-        "(the pool's capacity or max_limit): pass reserve <= 3, or a larger max_limit and pool."
-    )
-    with pytest.raises(ValueError, match=exactly(message)):
+    message = says("reserve=4", "min_limit=2", "ceiling of 5", "reserve <= 3", "larger max_limit")
+    with pytest.raises(ValueError, match=message):
         build.runner(runner, limit=AutoLimit(min_limit=2, max_limit=5), reserve=4)
     runner_ = build.runner(runner, limit=AutoLimit(min_limit=2, max_limit=5), reserve=3)
     assert (runner_.limit, runner_.statistics().reserve) == (5, 3)  # initial 4 + 3, within the ceiling
@@ -360,32 +328,26 @@ def test_an_auto_limit_needs_room_for_its_reserve(build: Builder, runner: str) -
 @pytest.mark.parametrize("priority", ["1", 1.5, True, None], ids=["str", "float", "bool", "None"])
 async def test_priority_must_be_an_int(build: Builder, runner: str, priority: object) -> None:
     """Every verb refuses priority="1" before it touches the database, naming it and the fix."""
-    message = (
-        f"priority must be an int, got {priority!r} ({type(priority).__name__}): pass e.g. "
-        "priority=1 for work that goes ahead of priority-0 work when a slot frees"
-    )
+    message = says("priority must be an int", repr(priority), "priority=1")
     instance = build.runner(runner)
 
     async def unit(session: Any) -> None:  # never called
         raise AssertionError
 
-    with pytest.raises(TypeError, match=exactly(message)):
+    with pytest.raises(TypeError, match=message):
         await instance.run([unit], priority=priority)
-    with pytest.raises(TypeError, match=exactly(message)):
+    with pytest.raises(TypeError, match=message):
         await instance.map(unit, [1], priority=priority)
-    with pytest.raises(TypeError, match=exactly(message)):
+    with pytest.raises(TypeError, match=message):
         instance.stream([unit], priority=priority)
-    with pytest.raises(TypeError, match=exactly(message)):
+    with pytest.raises(TypeError, match=message):
         await instance.submit(unit, priority=priority)
     build.assert_untouched()
 
 
 def test_run_sync_checks_its_priority(build: Builder) -> None:
-    message = (
-        "priority must be an int, got '1' (str): pass e.g. "
-        "priority=1 for work that goes ahead of priority-0 work when a slot frees"
-    )
-    with pytest.raises(TypeError, match=exactly(message)):
+    """run_sync(priority="1") is refused as the async verbs refuse it."""
+    with pytest.raises(TypeError, match=says("priority must be an int", "'1'", "priority=1")):
         build.runner("ThreadOffloadRunner").run_sync([], priority="1")
     build.assert_untouched()
 
@@ -409,19 +371,13 @@ def unit_example(kit: Kit) -> str:
 
 
 def not_callable(kit: Kit, index: int, what: object) -> str:
-    return (
-        f"unit {index} is {what!r}, which is not callable: pass a function that takes the session, "
-        f"e.g. {unit_example(kit)}"
-    )
+    """The pattern of the message for unit ``index``, which is ``what`` and not callable."""
+    return says(f"unit {index} is {what!r}", "not callable", unit_example(kit))
 
 
 def ended_transaction(index: int) -> str:
-    return (
-        f"unit {index} ended the runner's transaction itself (it called session.commit(), rollback() or "
-        "close()): whatever it committed stays committed and the rest was rolled back. The runner owns the "
-        "transaction and commits when the unit returns: remove the call (use session.flush() to send "
-        "changes early)"
-    )
+    """The pattern of the message for unit ``index``, which committed, rolled back or closed its session."""
+    return says(f"unit {index} ended the runner's transaction itself", "remove the call", "session.flush()")
 
 
 @pytest.mark.parametrize("errors", ["raise", "collect"])
@@ -434,9 +390,9 @@ async def test_a_non_callable_unit_in_a_list_is_refused_before_any_database_work
 ) -> None:
     """A list is checked up front: UnitMisuseError naming the unit's index, and no connection opened."""
     runner = kit.runner(limit=2, errors=errors)
-    with pytest.raises(UnitMisuseError, match=exactly(not_callable(kit, 2, 42))):
+    with pytest.raises(UnitMisuseError, match=not_callable(kit, 2, 42)):
         await runner.run([kit.insert(0), kit.insert(1), 42])
-    with pytest.raises(UnitMisuseError, match=exactly(not_callable(kit, 1, None))):
+    with pytest.raises(UnitMisuseError, match=not_callable(kit, 1, None)):
         async for _ in runner.stream((kit.insert(0), None)):
             pass  # pragma: no cover - refused before the first outcome
     assert_untouched(kit.pool)
@@ -453,7 +409,7 @@ async def test_a_non_callable_unit_from_a_generator_stops_a_raising_run_after_th
     """errors="raise": a generator's units are checked as pulled; earlier ones commit, later never start."""
     runner = kit.runner(limit=2)
 
-    with pytest.raises(UnitMisuseError, match=exactly(not_callable(kit, 2, "unit two"))):
+    with pytest.raises(UnitMisuseError, match=not_callable(kit, 2, "unit two")):
         await runner.run(units_with_a_string(kit))
     assert committed_units(admin) == [0, 1]
     assert kit.pool.checkedout() == 0
@@ -471,7 +427,7 @@ async def test_a_non_callable_unit_from_a_generator_is_its_own_outcome_when_coll
     report = await kit.runner(limit=2, errors="collect").run(units_with_a_string(kit))
     refused = report.outcomes[2]
     assert isinstance(refused.error, UnitMisuseError)
-    assert str(refused.error) == not_callable(kit, 2, "unit two")
+    assert re.search(not_callable(kit, 2, "unit two"), str(refused.error))
     assert refused.attempts == 0, "it never ran"
     assert [o.ok for o in report.outcomes] == [True, True, False, True]
     assert committed_units(admin) == [0, 1, 3]
@@ -503,19 +459,16 @@ async def test_the_thread_runner_refuses_async_units_up_front(kit: Kit, admin: E
             return 1
 
     def message(index: int) -> str:
-        return (
-            f"unit {index} is an async function: ThreadOffloadRunner runs plain "
-            "`def unit(session: Session)` in worker threads; run async units with SemaphoreRunner"
-        )
+        return says(f"unit {index} is an async function", "ThreadOffloadRunner", "SemaphoreRunner")
 
     runner = kit.runner(limit=2, errors="collect")
-    with pytest.raises(UnitMisuseError, match=exactly(message(1))):
+    with pytest.raises(UnitMisuseError, match=message(1)):
         await runner.run([kit.insert(0), coroutine_unit])
-    with pytest.raises(UnitMisuseError, match=exactly(message(2))):
+    with pytest.raises(UnitMisuseError, match=message(2)):
         await runner.run([kit.insert(0), kit.insert(1), AsyncCallable()])
-    with pytest.raises(UnitMisuseError, match=exactly(message(0))):
+    with pytest.raises(UnitMisuseError, match=message(0)):
         await runner.map(coroutine_fn, range(3))
-    with pytest.raises(UnitMisuseError, match=exactly(message(0))):
+    with pytest.raises(UnitMisuseError, match=message(0)):
         await runner.submit(coroutine_unit)
     assert_untouched(kit.pool)
     assert committed_units(admin) == []
@@ -536,17 +489,14 @@ async def test_the_thread_runner_refuses_a_unit_that_returns_a_coroutine(kit: Ki
         session.flush()
         return later()
 
-    message = (
-        "unit 1 returned an awaitable: ThreadOffloadRunner runs plain `def unit(session: Session)`; "
-        "run async units with SemaphoreRunner"
-    )
-    with pytest.raises(UnitMisuseError, match=exactly(message)):
+    message = says("unit 1 returned an awaitable", "def unit(session: Session)", "SemaphoreRunner")
+    with pytest.raises(UnitMisuseError, match=message):
         await kit.runner(limit=1).run([kit.insert(0), sneaky, kit.insert(2)])
     assert committed_units(admin) == [0], "errors='raise': unit 2 never started"
     assert kit.pool.checkedout() == 0
     report = await kit.runner(limit=1, errors="collect").run([kit.insert(10), sneaky, kit.insert(12)])
     assert isinstance(report.outcomes[1].error, UnitMisuseError)
-    assert str(report.outcomes[1].error) == message
+    assert re.search(message, str(report.outcomes[1].error))
     assert committed_units(admin) == [0, 10, 12], "errors='collect': the others run; sneaky's row is gone"
     assert kit.pool.checkedout() == 0
 
@@ -563,17 +513,17 @@ async def test_an_async_runner_refuses_a_plain_function_unit(kit: Kit, admin: En
 
     runner = kit.runner(limit=1)
     name = type(runner).__name__
-    message = (
-        f"unit 1 returned int, not an awaitable: {name} runs `async def unit(session: AsyncSession)`; "
-        "run plain functions with ThreadOffloadRunner"
-    )
-    with pytest.raises(UnitMisuseError, match=exactly(message)):
+
+    def message(index: int) -> str:
+        return says(f"unit {index} returned int, not an awaitable", name, "ThreadOffloadRunner")
+
+    with pytest.raises(UnitMisuseError, match=message(1)):
         await runner.run([kit.insert(0), plain, kit.insert(2)])
     assert committed_units(admin) == [0], "unit 0 committed; unit 2 never started"
-    with pytest.raises(UnitMisuseError, match=exactly(message.replace("unit 1", "unit 0"))):
+    with pytest.raises(UnitMisuseError, match=message(0)):
         await runner.submit(plain)
     report = await kit.runner(limit=1, errors="collect").run([kit.insert(10), plain, kit.insert(12)])
-    assert str(report.outcomes[1].error) == message
+    assert re.search(message(1), str(report.outcomes[1].error))
     assert committed_units(admin) == [0, 10, 12], "errors='collect': the other units run"
     assert kit.pool.checkedout() == 0
 
@@ -609,11 +559,11 @@ async def test_a_unit_that_ends_the_transaction_itself_stops_a_raising_batch(
 ) -> None:
     """errors="raise": session.commit()/rollback()/close() inside a unit raises UnitMisuseError."""
     runner = kit.runner(limit=1)
-    with pytest.raises(UnitMisuseError, match=exactly(ended_transaction(1))):
+    with pytest.raises(UnitMisuseError, match=ended_transaction(1)):
         await runner.run([kit.insert(0), ending_unit(kit, 1, how), kit.insert(2)])
     # As the message says, what the unit committed itself stays committed; unit 2 never started.
     assert committed_units(admin) == ([0, 1] if how == "commit" else [0])
-    with pytest.raises(UnitMisuseError, match=exactly(ended_transaction(0))):
+    with pytest.raises(UnitMisuseError, match=ended_transaction(0)):
         await runner.submit(ending_unit(kit, 5, how))
     assert kit.pool.checkedout() == 0
     assert idle_in_transaction(admin, app_name) == 0
@@ -633,9 +583,9 @@ async def test_a_unit_that_ends_the_transaction_itself_is_its_own_outcome_when_c
     [misuse] = report.failures
     assert misuse.index == 1
     assert isinstance(misuse.error, UnitMisuseError)
-    assert str(misuse.error) == ended_transaction(1)
+    assert re.search(ended_transaction(1), str(misuse.error))
     assert committed_units(admin) == ([0, 1, 2] if how == "commit" else [0, 2])
-    with pytest.raises(UnitMisuseError, match=exactly(ended_transaction(0))):
+    with pytest.raises(UnitMisuseError, match=ended_transaction(0)):
         await runner.submit(ending_unit(kit, 5, how))  # submit raises the unit's failure, as always
     assert kit.pool.checkedout() == 0
     assert idle_in_transaction(admin, app_name) == 0
@@ -649,15 +599,12 @@ async def test_units_that_are_not_iterable_are_refused(kit: Kit) -> None:
     runner = kit.runner(limit=2)
 
     def message(value: object) -> str:
-        return (
-            f"units must be an iterable or async iterable of units, got {type(value).__name__}: "
-            "pass e.g. a list or a generator of functions that take the session"
-        )
+        return says("units must be an iterable", f"got {type(value).__name__}", "a list or a generator")
 
     for wrong in (42, "abc", b"abc", None):
-        with pytest.raises(TypeError, match=exactly(message(wrong))):
+        with pytest.raises(TypeError, match=message(wrong)):
             await runner.run(wrong)
-    with pytest.raises(TypeError, match=exactly(message(42))):
+    with pytest.raises(TypeError, match=message(42)):
         async for _ in runner.stream(42):
             pass  # pragma: no cover - refused before the first outcome
     assert_untouched(kit.pool)
@@ -670,14 +617,10 @@ async def test_map_refuses_a_non_callable_fn_and_non_iterable_items(kit: Kit) ->
     """map(fn=42, ...) and map(fn, items=42) are TypeErrors naming the argument, before any database work."""
     runner = kit.runner(limit=2)
     name = type(runner).__name__
-    fn_message = f"fn must be callable as fn(session, item), got 42: pass the function to {name}.map()"
-    with pytest.raises(TypeError, match=exactly(fn_message)):
+    with pytest.raises(TypeError, match=says("fn must be callable", "got 42", f"{name}.map()")):
         await runner.map(fn=42, items=[1, 2])
-    items_message = (
-        "items must be an iterable or async iterable, got int: "
-        f"pass e.g. a list or a generator of the items to give fn, as {name}.map(fn, items)"
-    )
-    with pytest.raises(TypeError, match=exactly(items_message)):
+    items_message = says("items must be an iterable", "got int", f"{name}.map(fn, items)")
+    with pytest.raises(TypeError, match=items_message):
         await runner.map(kit.map_fn(), 42)
     assert_untouched(kit.pool)
 
@@ -688,7 +631,7 @@ async def test_map_refuses_a_non_callable_fn_and_non_iterable_items(kit: Kit) ->
 async def test_submit_refuses_a_non_callable_before_any_database_work(kit: Kit) -> None:
     """submit(42) is a TypeError (UnitMisuseError) saying what a unit looks like."""
     runner = kit.runner(limit=2)
-    with pytest.raises(TypeError, match=exactly(not_callable(kit, 0, 42))) as caught:
+    with pytest.raises(TypeError, match=not_callable(kit, 0, 42)) as caught:
         await runner.submit(42)
     assert isinstance(caught.value, UnitMisuseError)
     assert_untouched(kit.pool)
@@ -716,8 +659,8 @@ async def test_a_closed_runner_refuses_work(kit: Kit, verb: str) -> None:
     runner = kit.runner(limit=2)
     async with runner:
         pass
-    message = f"this {type(runner).__name__} is closed: create a new runner"
-    with pytest.raises(RunnerClosedError, match=exactly(message)):
+    message = says(f"this {type(runner).__name__} is closed", "create a new runner")
+    with pytest.raises(RunnerClosedError, match=message):
         await use(runner, kit, verb)
     assert_untouched(kit.pool)
     assert repr(runner).endswith(" closed>")
@@ -733,8 +676,8 @@ async def test_a_closed_runner_refuses_a_stream_without_leaking_it(kit: Kit) -> 
     # ResourceWarning (an error in this suite). The same happens on RunnerBusyElsewhereError.
     runner = kit.runner(limit=2)
     await runner.aclose()
-    message = f"this {type(runner).__name__} is closed: create a new runner"
-    with pytest.raises(RunnerClosedError, match=exactly(message)):
+    message = says(f"this {type(runner).__name__} is closed", "create a new runner")
+    with pytest.raises(RunnerClosedError, match=message):
         await use(runner, kit, "stream")
     assert_untouched(kit.pool)
 
@@ -745,7 +688,8 @@ def test_a_closed_thread_runner_refuses_run_sync(make_sync_engine: Any) -> None:
     engine: Engine = make_sync_engine("psycopg", pool_size=2)
     with ThreadOffloadRunner(sessionmaker(engine)) as runner:
         pass
-    with pytest.raises(RunnerClosedError, match=r"^this ThreadOffloadRunner is closed: create a new runner$"):
+    message = says("this ThreadOffloadRunner is closed", "create a new runner")
+    with pytest.raises(RunnerClosedError, match=message):
         runner.run_sync([lambda session: 1])
     assert_untouched(engine.pool)
 
@@ -756,11 +700,8 @@ def test_a_closed_thread_runner_refuses_run_sync(make_sync_engine: Any) -> None:
 async def test_run_sync_from_async_code_says_to_await_run(kit: Kit) -> None:
     """run_sync() inside an event loop would block it: RuntimeError naming `await runner.run(units)`."""
     runner = kit.runner(limit=2)
-    message = (
-        "run_sync() was called from async code, where it would block the event loop: "
-        "use `await runner.run(units)` instead"
-    )
-    with pytest.raises(RuntimeError, match=exactly(message)):
+    message = says("run_sync() was called from async code", "await runner.run(units)")
+    with pytest.raises(RuntimeError, match=message):
         runner.run_sync([kit.select(1)])
     assert_untouched(kit.pool)
     # It is the event loop that matters, not the thread: from a worker thread run_sync is fine.
