@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Generic
 
-from ._typing import T
+from ._typevars import T
 
 if TYPE_CHECKING:
     from ._stats import RunStats
