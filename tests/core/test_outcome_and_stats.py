@@ -251,7 +251,7 @@ async def test_peak_connections_counts_other_code_using_the_same_pool(engine: As
 def watches(engine: AsyncEngine) -> int:
     """How many runs the pool's gauge still reports checkouts to."""
     gauge = _gauges.get(engine.sync_engine.pool)
-    return 0 if gauge is None else len(gauge._watches)
+    return 0 if gauge is None else len(gauge._trackers)
 
 
 async def slow(session: AsyncSession) -> None:

@@ -1,6 +1,6 @@
 """
 A thread's unit past its ``timeout`` where the server cannot be told one (SQLite, MariaDB): the
-runner's watchdog stops its statement (``interrupt()``, ``KILL QUERY``), the unit fails with
+runner stops its statement from a thread of its own (``interrupt()``, ``KILL QUERY``), the unit fails with
 UnitTimeout and is rolled back, its connection is discarded, and its neighbours commit.
 
 The MariaDB case where a unit waits for a row lock is in tests/stacks/test_mysql.py (every kind);
@@ -26,9 +26,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from boundeddb import ThreadOffloadRunner, UnitTimeout
 from boundeddb._dialects.sqlite import SQLite
+from boundeddb._executors.deadlines import StatementDeadlines
 from boundeddb._executors.script import DeadlinePassed
 from boundeddb._executors.threads import Handle
-from boundeddb._executors.watchdog import Watchdog
 from tests.support.kits import eventually
 from tests.support.models import Base, Item
 from tests.support.servers import MariaDB
@@ -80,7 +80,7 @@ async def test_a_runaway_sqlite_statement_is_interrupted_at_the_timeout(
     """An endless statement, timeout=0.5: interrupted, UnitTimeout, rolled back; its connection discarded."""
     runner = ThreadOffloadRunner(sessionmaker(sqlite_engine), limit=1, errors="collect", timeout=0.5)
     reasons = discarded(sqlite_engine)
-    with anyio.fail_after(30):  # without the watchdog the statement would run for ever
+    with anyio.fail_after(30):  # without the deadlines' thread the statement would run for ever
         report = await runner.run([insert(0), insert(1, lambda s: s.execute(text(RUNAWAY))), insert(2)])
     assert [o.ok for o in report.outcomes] == [True, False, True], [o.error for o in report.outcomes]
     error = report.outcomes[1].error
@@ -116,7 +116,7 @@ async def test_a_unit_that_swallows_the_interruption_is_stopped_again_and_never_
 
 
 async def test_a_unit_on_time_keeps_its_connection(sqlite_engine: Engine, sqlite_path: Path) -> None:
-    """Units well inside their timeout: committed, no connection discarded (the watchdog stops nothing)."""
+    """Units well inside their timeout: committed, no connection discarded (no statement is stopped)."""
     runner = ThreadOffloadRunner(sessionmaker(sqlite_engine), limit=2, timeout=30)
     reasons = discarded(sqlite_engine)
     report = await runner.run([insert(i) for i in range(20)])
@@ -152,14 +152,14 @@ async def test_a_mysql_statement_past_the_timeout_is_killed_and_the_unit_rolled_
     mysql_db.assert_no_open_transactions("after the timeout")
 
 
-def test_the_watchdog_thread_ends_when_no_unit_has_a_deadline() -> None:
-    """The watchdog's thread starts with the first deadline and ends about a second after the last one."""
-    watchdog = Watchdog(SQLite(), 0.2)
-    handle = Handle(SQLite(), watchdog)
+def test_the_deadline_thread_ends_when_no_unit_has_a_deadline() -> None:
+    """The deadlines' thread starts with the first deadline and ends about a second after the last one."""
+    deadlines = StatementDeadlines(SQLite(), 0.2)
+    handle = Handle(SQLite(), deadlines)
     handle.connecting()
     handle.running(object())  # no interrupt(): the dialect's cancel finds nothing to call
     assert handle.deadline != math.inf
-    threads = [t for t in threading.enumerate() if t.name == "boundeddb-watchdog"]
+    threads = [t for t in threading.enumerate() if t.name == "boundeddb-deadlines"]
     assert threads
     assert eventually(lambda: handle.timed_out, 10)
     with pytest.raises(DeadlinePassed):  # never committed once its statement was stopped

@@ -594,7 +594,7 @@ def test_outcome_and_stats_gain_fields_at_the_end_with_defaults() -> None:
     assert (outcome.commit_unknown, outcome.commit_verified) == (True, False)
     assert [field.name for field in dataclasses.fields(Outcome)][-2:] == ["commit_unknown", "commit_verified"]
     assert Outcome(0, "a", None, 0.1, 0.0) != Outcome(0, "a", None, 0.1, 0.0, commit_verified=True)
-    recorder = Recorder(_NoWatch())
+    recorder = Recorder(_NoPeak())
     for index, verified in enumerate([True, False, True]):
         recorder.unit_started()
         recorder.unit_finished(Outcome(index, index, None, 0.01, 0.0, commit_verified=verified))
@@ -605,7 +605,7 @@ def test_outcome_and_stats_gain_fields_at_the_end_with_defaults() -> None:
     assert dataclasses.replace(stats, commits_verified=0).commits_verified == 0
 
 
-class _NoWatch:
+class _NoPeak:
     peak = 0
 
     def close(self) -> None:

@@ -134,7 +134,7 @@ async def test_a_unit_over_its_timeout_is_rolled_back_and_stopped_on_the_server(
     runner = kit.runner(limit=2, errors="collect", timeout=0.5)
     assert isinstance(kit.db, MariaDB)
     # The unit waits for the lock until the runner stops it (a thread's, by a KILL QUERY from the
-    # runner's watchdog): the run ends while the lock is still held, 50 s before the wait would.
+    # runner's deadlines thread): the run ends while the lock is still held, 50 s before the wait would.
     with row_locked(kit.db), anyio.fail_after(30):
         report = await runner.run([unit(kit, 0), unit(kit, 1, blocked=True), unit(kit, 2)])
         assert eventually(lambda: lock_waits(kit) == [], 10), lock_waits(kit)

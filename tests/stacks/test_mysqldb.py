@@ -184,7 +184,7 @@ async def test_a_cancelled_run_kills_its_statements(
 async def test_a_unit_over_its_timeout_is_rolled_back(
     engine: Engine, admin: Engine, table: str, marker: str
 ) -> None:
-    """timeout=0.5 on a unit in SLEEP(30): the watchdog's KILL QUERY stops it; rolled back, UnitTimeout."""
+    """timeout=0.5 on a unit in SLEEP(30): the runner's KILL QUERY stops it; rolled back, UnitTimeout."""
     runner = ThreadOffloadRunner(sessionmaker(engine), limit=2, errors="collect", timeout=0.5)
     with anyio.fail_after(20):
         report = await runner.run(

@@ -26,10 +26,10 @@ import anyio
 from .._outcome import Outcome
 from .adaptive import LimitController
 from .attempts import AttemptFn, Attempts, Retry
+from .feedback import Feedback
 from .limiter import Limiter, Slot
 from .recorder import LoopLag
 from .run import REFUSED, Run
-from .watch import Watch
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -264,11 +264,11 @@ async def drive(
     *,
     loop_lag: LoopLag | None = None,
     controller: LimitController | None = None,
-    watch: Watch | None = None,
+    feedback: Feedback | None = None,
 ) -> None:
     """
     Run every unit of ``run`` with ``workers`` workers, beside the loop-lag ticker (and the
-    controller's and the watch's, if any).
+    controller's and the feedback's, if any).
 
     The workers run in a child task, not in the caller's: cancelled together with the ticker when
     the caller is — by a cancel scope, but also by a native ``Task.cancel()``,
@@ -284,8 +284,8 @@ async def drive(
                 helpers.start_soon(loop_lag.tick_forever)
             if controller is not None:
                 helpers.start_soon(state.adjust_forever)
-            if watch is not None:
-                helpers.start_soon(watch.tick_forever)
+            if feedback is not None:
+                helpers.start_soon(feedback.tick_forever)
 
             async def work() -> None:
                 try:

@@ -20,8 +20,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from .._errors import RunFailed, UnitMisuseError
 from .._outcome import Outcome, RunReport
 from .._stats import RunStats
+from .feedback import OutcomeHook
 from .recorder import NullRecorder
-from .watch import OutcomeHook
 
 __all__ = ["REFUSED", "ListSink", "Run", "Sink", "StreamSink", "ValueSink", "next_outcome"]
 

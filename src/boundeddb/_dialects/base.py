@@ -139,7 +139,7 @@ class Dialect:
     #: Whether :meth:`cancel_statement` can stop a statement from another thread.
     stops_statements = False
 
-    def watch(self, engine: Any) -> None:
+    def prepare_engine(self, engine: Any) -> None:
         """Set up what this database needs on a runner's engine (once per pool); nothing by default."""
 
     def statement_timeout_sql(self, timeout: float) -> str | None:

@@ -4,7 +4,7 @@ and stopping a statement on the server.
 
 A MySQL server goes on running a statement whose client went away: closing the socket of a
 cancelled or timed-out unit does not stop its ``UPDATE``.  The only way is ``KILL QUERY <id>`` from
-another connection.  So a runner on MySQL watches its engine's pool: when a connection is
+another connection.  So a runner on MySQL listens to its engine's pool: when a connection is
 invalidated (SQLAlchemy discards a connection whose statement was interrupted, and the runner
 discards one on a failed COMMIT or rollback), its statement, if any, is killed from a short-lived
 side connection opened with the engine's own URL (pymysql, in a thread of its own, so that an
@@ -146,7 +146,7 @@ class MySQL(Dialect):
         self._urls: weakref.WeakKeyDictionary[Any, URL] = weakref.WeakKeyDictionary()
         #: Each DBAPI connection's server id, read when it was made (see the module docstring).
         self._ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        self._watched: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._prepared: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
 
     def _is_lost(self, orig: BaseException) -> bool:
@@ -172,11 +172,11 @@ class MySQL(Dialect):
         )
         raise ValueError(msg)
 
-    def watch(self, engine: Engine) -> None:
+    def prepare_engine(self, engine: Engine) -> None:
         with self._lock:
-            if engine.pool in self._watched:
+            if engine.pool in self._prepared:
                 return
-            self._watched.add(engine.pool)
+            self._prepared.add(engine.pool)
         url = engine.url
 
         def on_connect(dbapi_connection: Any, _record: Any) -> None:

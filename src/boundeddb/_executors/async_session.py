@@ -40,7 +40,7 @@ from .._core.pacing import Body, Worker, serve_one
 from .._core.run import Run
 from .._dialects import Dialect
 from .._errors import UnitTimeout
-from .pool import HOOKS, watch_connects
+from .pool import HOOKS, install_connect_hooks
 from .script import attempt_async
 from .verify import CommitVerifier, verified_async
 
@@ -208,7 +208,7 @@ class AsyncSessionExecutor:
         runner: str,
         verify_commits: bool = False,
     ) -> None:
-        watch_connects(engine)
+        install_connect_hooks(engine)
         self._attempts = attempts
         self._timeout = timeout
         if verify_commits:  # set up once: the per-unit path without it is the same as before

@@ -49,7 +49,7 @@ class AsyncGuard(Protocol):
 
 
 class DeadlinePassed(Exception):
-    """A sync guard refuses to commit: the unit's statement was stopped at its timeout (by a watchdog)."""
+    """A sync guard refuses to commit: the unit's statement was stopped at its timeout (``deadlines.py``)."""
 
 
 class SyncGuard(Protocol):
@@ -248,7 +248,7 @@ def attempt_sync(
         try:
             guard.committing()
         except DeadlinePassed:
-            assert timeout is not None  # only a watchdog, set up for a timeout, passes a deadline
+            assert timeout is not None  # only StatementDeadlines, set up for a timeout, passes a deadline
             raise UnitTimeout(index, timeout) from None
         try:
             session.commit()

@@ -19,7 +19,7 @@ whatever it does next — unless its COMMIT had already begun, which is left to 
 whose statement was sent a cancellation is discarded, not returned to the pool: the request may land
 late, and would stop whatever the connection runs by then, another caller's unit. The cancellation
 propagates once every thread is done and every connection is back. A unit's ``timeout`` is kept the
-same way where the server cannot be told one (``watchdog.py``).
+same way where the server cannot be told one (``deadlines.py``).
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from .._core.pacing import Body, Worker, serve_one
 from .._core.run import REFUSED, Run
 from .._dialects import Dialect
 from .._outcome import Outcome
+from .deadlines import StatementDeadlines
 from .script import DeadlinePassed, attempt_sync
 from .verify import CommitVerifier, verified_sync
-from .watchdog import Watchdog
 
 __all__ = ["Handle", "ThreadExecutor", "ThreadWorker"]
 
@@ -74,17 +74,17 @@ class Handle:
     __slots__ = (
         "__weakref__",
         "_dbapi",
+        "_deadlines",
         "_dialect",
         "_lock",
         "_state",
         "_stopping_statement",
-        "_watchdog",
         "cancelled",
         "deadline",
         "timed_out",
     )
 
-    def __init__(self, dialect: Dialect, watchdog: Watchdog | None = None) -> None:
+    def __init__(self, dialect: Dialect, deadlines: StatementDeadlines | None = None) -> None:
         self._dialect = dialect
         self._lock = threading.Lock()
         self._state = _IDLE
@@ -92,13 +92,13 @@ class Handle:
         #: A cancellation was sent (or is on its way) to the statement of this attempt's connection.
         self._stopping_statement = False
         self.cancelled = False
-        #: When the watchdog stops this attempt's statement (``perf_counter()``); ``inf``: never.
+        #: When this attempt's statement is stopped (``perf_counter()``); ``inf``: never.
         self.deadline = math.inf
-        #: The watchdog found this attempt past its deadline: it fails with UnitTimeout, never commits.
+        #: The attempt is past its deadline: it fails with UnitTimeout, never commits.
         self.timed_out = False
-        self._watchdog = watchdog
-        if watchdog is not None:
-            watchdog.adopt(self)
+        self._deadlines = deadlines
+        if deadlines is not None:
+            deadlines.adopt(self)
 
     # -- the guard (in the worker thread) ------------------------------------------------------------
 
@@ -113,9 +113,9 @@ class Handle:
             if self.cancelled:
                 raise Stopped
             self._state, self._dbapi = _RUNNING, dbapi_connection
-        if (watchdog := self._watchdog) is not None:
-            self.deadline = perf_counter() + watchdog.timeout
-            watchdog.wake()
+        if (deadlines := self._deadlines) is not None:
+            self.deadline = perf_counter() + deadlines.timeout
+            deadlines.wake()
 
     def committing(self) -> None:
         with self._lock:
@@ -143,7 +143,7 @@ class Handle:
     def closed(self) -> None:
         pass
 
-    # -- the run's cancellation (on the event loop) and the watchdog (in its thread) -------------------
+    # -- the run's cancellation (on the event loop) and the deadline (in the deadlines' thread) -------
 
     def cancel(self) -> Any:
         """
@@ -208,9 +208,9 @@ class ThreadExecutor:
         else:
             self._script = functools.partial(attempt_sync, sessions, dialect, timeout, None)
         self._max_threads = max_threads
-        #: Where the server cannot be told a statement timeout, a watchdog stops the statement itself.
-        self._watchdog = (
-            Watchdog(dialect, timeout)
+        #: Where the server cannot be told a statement timeout, a thread of ours stops the statement.
+        self._deadlines = (
+            StatementDeadlines(dialect, timeout)
             if timeout is not None
             and dialect.stops_statements
             and dialect.statement_timeout_sql(timeout) is None
@@ -237,7 +237,7 @@ class ThreadExecutor:
         return None
 
     def worker(self, slot: Slot) -> ThreadWorker:
-        return ThreadWorker(slot, Handle(self._dialect, self._watchdog))
+        return ThreadWorker(slot, Handle(self._dialect, self._deadlines))
 
     def _thread_limiter(self) -> anyio.CapacityLimiter:
         """The runner's own CapacityLimiter on this event loop (not anyio's default of 40)."""

@@ -52,17 +52,17 @@ MAX_PAUSE_S = 1.0
 _CONNECT_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "boundeddb_verify_connect_timeout", default=None
 )
-_watched: weakref.WeakSet[Engine] = weakref.WeakSet()
+_timed_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 _NO_ANSWER = "no answer"
 _lock = threading.Lock()
 
 
-def _watch_connects(engine: Engine, dialect: Dialect) -> None:
+def _time_out_connects(engine: Engine, dialect: Dialect) -> None:
     """Give the connections opened to ask (and only those) the dialect's connect timeout."""
     with _lock:
-        if engine in _watched:
+        if engine in _timed_engines:
             return
-        _watched.add(engine)
+        _timed_engines.add(engine)
     driver = engine.dialect.driver
 
     def on_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
@@ -85,7 +85,7 @@ class CommitVerifier:
         #: SQL the transaction script reads the transaction's id with.
         self.xid_sql: str = dialect.current_xid_sql
         self.wait_s = WAIT_S
-        _watch_connects(engine, dialect)
+        _time_out_connects(engine, dialect)
 
     def _verdict(self, unknown: CommitUnknown, index: int, status: object) -> CommitVerified | None:
         if status == "committed":

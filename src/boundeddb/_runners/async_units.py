@@ -10,7 +10,7 @@ from sqlalchemy.orm import sessionmaker
 
 from .._executors.async_session import AsyncSessionExecutor
 from .._outcome import Outcome, RunReport
-from .._progress import watching
+from .._progress import feedback_request
 from .._typing import AsyncUnit, ItemT, T
 from .base import BaseRunner
 from .checks import check_priority, units_of
@@ -102,8 +102,8 @@ class AsyncUnitsRunner(BaseRunner):
         committed after the cancellation, even one that swallows it (a unit whose COMMIT had begun
         finishes it).
         """
-        watch = watching(progress, on_outcome, f"{type(self).__name__}.run")
-        return await self._run_units(units, priority, watching=watch)
+        request = feedback_request(progress, on_outcome, f"{type(self).__name__}.run")
+        return await self._run_units(units, priority, request=request)
 
     async def map(
         self,
@@ -124,8 +124,8 @@ class AsyncUnitsRunner(BaseRunner):
             progress: As for :meth:`run` (the total is ``len(items)``, when it has one).
             on_outcome: As for :meth:`run`.
         """
-        watch = watching(progress, on_outcome, f"{type(self).__name__}.map", items)
-        return await self._run_units(units_of(fn, items, type(self).__name__), priority, watching=watch)
+        request = feedback_request(progress, on_outcome, f"{type(self).__name__}.map", items)
+        return await self._run_units(units_of(fn, items, type(self).__name__), priority, request=request)
 
     def stream(
         self,
@@ -151,8 +151,8 @@ class AsyncUnitsRunner(BaseRunner):
                 were in flight with it; its report holds only the failed outcomes (the stream keeps
                 no others).
         """
-        watch = watching(progress, on_outcome, f"{type(self).__name__}.stream")
-        return self._stream_units(units, check_priority(priority), watch)
+        request = feedback_request(progress, on_outcome, f"{type(self).__name__}.stream")
+        return self._stream_units(units, check_priority(priority), request)
 
     async def submit(self, unit: AsyncUnit[T], *, priority: int = 0) -> T:
         """

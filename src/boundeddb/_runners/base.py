@@ -18,16 +18,16 @@ from sqlalchemy.engine import Engine
 from .._core.adaptive import LimitController, limit_figures
 from .._core.attempts import Attempts
 from .._core.background import Background
+from .._core.feedback import Feedback
 from .._core.limiter import Limiter
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
 from .._core.run import ListSink, Run, SinkT, StreamSink, ValueSink, next_outcome
-from .._core.watch import Watch
 from .._dialects import Dialect, for_name
 from .._errors import RunnerClosedError, UnitMisuseError
-from .._executors.pool import watch_pool
+from .._executors.pool import track_peak
 from .._outcome import Outcome, RunReport
-from .._progress import Watching, open_watch
+from .._progress import FeedbackRequest, open_feedback
 from .._retry import RetryPolicy
 from .._stats import RunnerStatistics, RunStats
 from .binding import LoopBinding
@@ -93,7 +93,7 @@ class BaseRunner:
         self._dialect: Dialect = for_name(engine.dialect.name)
         self._verify_commits = check_verify_commits(verify_commits, self._dialect, engine.dialect.name)
         self._dialect.check_engine(engine)
-        self._dialect.watch(engine)
+        self._dialect.prepare_engine(engine)
         self._controller = _controller(plan, self._limiter, self._dialect)
         failed = self._controller.failed if self._controller is not None else None
         self._attempts = Attempts(self._retry, failed=failed)
@@ -184,7 +184,7 @@ class BaseRunner:
         stop_on_failure: bool,
         priority: int,
         window: anyio.Semaphore | None = None,
-        watching: Watching | None = None,
+        request: FeedbackRequest | None = None,
     ) -> Run[SinkT]:
         controller = self._controller
         return Run(
@@ -196,8 +196,8 @@ class BaseRunner:
             priority=priority,
             window=window,
             observe=None if controller is None else controller.observe,
-            on_outcome=None if watching is None else watching.on_outcome,
-            size=None if watching is None else watching.size,
+            on_outcome=None if request is None else request.on_outcome,
+            size=None if request is None else request.size,
         )
 
     async def _drive(
@@ -206,7 +206,7 @@ class BaseRunner:
         loop_lag: LoopLag | None = None,
         *,
         adapt: bool = True,
-        watch: Watch | None = None,
+        feedback: Feedback | None = None,
     ) -> None:
         workers = int(min(self._limiter.share(run.priority), max(1, run.size)))
         pacer = self._new_pacer(workers)
@@ -219,7 +219,7 @@ class BaseRunner:
             workers,
             loop_lag=loop_lag,
             controller=self._controller if adapt else None,
-            watch=watch,
+            feedback=feedback,
         )
 
     def _stats(self, recorder: Recorder) -> RunStats:
@@ -233,13 +233,13 @@ class BaseRunner:
         priority: object,
         *,
         measure_loop_lag: bool = True,
-        watching: Watching | None = None,
+        request: FeedbackRequest | None = None,
     ) -> RunReport[Any]:
         priority = check_priority(priority)
         units = self._checked_units(units)
         with self._bound():
-            recorder = Recorder(watch_pool(self._engine.pool))
-            watch = None
+            recorder = Recorder(track_peak(self._engine.pool))
+            feedback = None
             try:
                 sink = ListSink()
                 run = self._new_run(
@@ -248,25 +248,25 @@ class BaseRunner:
                     recorder,
                     stop_on_failure=self._errors == "raise",
                     priority=priority,
-                    watching=watching,
+                    request=request,
                 )
                 loop_lag = recorder.loop_lag = LoopLag() if measure_loop_lag else None
-                watch = open_watch(run, recorder, self._limiter, watching, type(self).__name__)
-                await self._drive(run, loop_lag, watch=watch)
+                feedback = open_feedback(run, recorder, self._limiter, request, type(self).__name__)
+                await self._drive(run, loop_lag, feedback=feedback)
             finally:
                 try:
-                    if watch is not None:
-                        watch.close()
+                    if feedback is not None:
+                        feedback.close()
                 finally:
                     recorder.close()
         return run.report(sink.outcomes, self._stats(recorder))
 
     async def _stream_units(
-        self, units: Iterable[Any] | AsyncIterable[Any], priority: int, watching: Watching | None = None
+        self, units: Iterable[Any] | AsyncIterable[Any], priority: int, request: FeedbackRequest | None = None
     ) -> AsyncGenerator[Outcome[Any], None]:
         units = self._checked_units(units)
         with self._bound():
-            recorder = Recorder(watch_pool(self._engine.pool), keep_latencies=False)
+            recorder = Recorder(track_peak(self._engine.pool), keep_latencies=False)
             # Pulled, not consumed: at most twice the limit (an auto limit's ceiling), so O(limit).
             lookahead = 2 * (self._limiter.limit if self._controller is None else self._max_limit)
             send, receive = anyio.create_memory_object_stream[Outcome[Any]](lookahead)
@@ -279,18 +279,18 @@ class BaseRunner:
                 stop_on_failure=self._errors == "raise",
                 priority=priority,
                 window=window,
-                watching=watching,
+                request=request,
             )
             loop_lag = recorder.loop_lag = LoopLag()
-            watch = open_watch(run, recorder, self._limiter, watching, type(self).__name__)
+            feedback = open_feedback(run, recorder, self._limiter, request, type(self).__name__)
 
             async def produce() -> None:
                 async with send:
                     try:
-                        await self._drive(run, loop_lag, watch=watch)
+                        await self._drive(run, loop_lag, feedback=feedback)
                     finally:
-                        if watch is not None:
-                            watch.close()
+                        if feedback is not None:
+                            feedback.close()
 
             try:
                 async with Background(produce), receive:

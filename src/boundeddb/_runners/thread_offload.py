@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .._autolimit import AutoLimit
 from .._executors.threads import ThreadExecutor
 from .._outcome import Outcome, RunReport
-from .._progress import watching
+from .._progress import feedback_request
 from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
 from .base import BaseRunner
@@ -158,8 +158,8 @@ class ThreadOffloadRunner(BaseRunner):
         ``def unit(session: Session) -> T`` units; works under asyncio and trio. ``on_outcome``
         and the progress bar run on the event loop, never in the units' worker threads.
         """
-        watch = watching(progress, on_outcome, "ThreadOffloadRunner.run")
-        return await self._run_units(units, priority, watching=watch)
+        request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.run")
+        return await self._run_units(units, priority, request=request)
 
     async def map(
         self,
@@ -174,8 +174,8 @@ class ThreadOffloadRunner(BaseRunner):
         units = units_of(fn, items, "ThreadOffloadRunner")
         priority = check_priority(priority)
         self._check_now(BoundItem(fn, None), 0)  # one function for every item: check it up front
-        watch = watching(progress, on_outcome, "ThreadOffloadRunner.map", items)
-        return await self._run_units(units, priority, watching=watch)
+        request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.map", items)
+        return await self._run_units(units, priority, request=request)
 
     def stream(
         self,
@@ -191,8 +191,8 @@ class ThreadOffloadRunner(BaseRunner):
         As :meth:`boundeddb.SemaphoreRunner.stream`. Under trio, close the stream promptly if you
         break out early (``async with contextlib.aclosing(runner.stream(units)) as outcomes:``).
         """
-        watch = watching(progress, on_outcome, "ThreadOffloadRunner.stream")
-        return self._stream_units(units, check_priority(priority), watch)
+        request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.stream")
+        return self._stream_units(units, check_priority(priority), request)
 
     async def submit(self, unit: SyncUnit[T], *, priority: int = 0) -> T:
         """
@@ -237,8 +237,8 @@ class ThreadOffloadRunner(BaseRunner):
                 "use `await runner.run(units)` instead"
             )
             raise RuntimeError(msg)
-        watch = watching(progress, on_outcome, "ThreadOffloadRunner.run_sync")
+        request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.run_sync")
         report: RunReport[T] = anyio.run(
-            partial(self._run_units, units, priority, measure_loop_lag=False, watching=watch)
+            partial(self._run_units, units, priority, measure_loop_lag=False, request=request)
         )
         return report

@@ -4,7 +4,7 @@ can set (MySQL, MariaDB, SQLite).
 
 On PostgreSQL each unit's transaction gets ``SET LOCAL statement_timeout``, and the server stops a
 statement that outlasts it. Elsewhere a statement can only be stopped from outside: MySQL's
-``KILL QUERY`` from another connection, SQLite's ``interrupt()``. A :class:`Watchdog` does that for
+``KILL QUERY`` from another connection, SQLite's ``interrupt()``. A :class:`StatementDeadlines` does that for
 a runner: one daemon thread, started when a unit with a deadline begins and gone after a second
 with none, looks at its workers' handles every *tick* (a twentieth of the timeout, between 5 and
 50 ms). A unit past its deadline is marked timed out and its statement is stopped through the
@@ -28,19 +28,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from .._dialects import Dialect
 
-__all__ = ["Watchdog", "Watched"]
+__all__ = ["HasDeadline", "StatementDeadlines"]
 
 logger = logging.getLogger("boundeddb")
 
-#: The bounds of the watchdog's tick: a twentieth of the timeout, within them.
+#: The bounds of the thread's tick: a twentieth of the timeout, within them.
 MIN_TICK_S = 0.005
 MAX_TICK_S = 0.05
-#: How long the thread waits with no deadline to watch before it ends (a new deadline starts another).
+#: How long the thread waits with no deadline to keep before it ends (a new deadline starts another).
 IDLE_S = 1.0
 
 
-class Watched(Protocol):
-    """A worker's handle (``threads.Handle``), as the watchdog sees it."""
+class HasDeadline(Protocol):
+    """A worker's handle (``threads.Handle``), as the deadlines see it."""
 
     #: When the attempt's statement is to be stopped (``perf_counter()``); ``inf``: never.
     deadline: float
@@ -50,7 +50,7 @@ class Watched(Protocol):
         ...
 
 
-class Watchdog:
+class StatementDeadlines:
     """Stops the statements of a runner's thread units that outlast ``timeout`` (see the module docstring)."""
 
     __slots__ = ("_dialect", "_handles", "_lock", "_thread", "_tick", "timeout")
@@ -59,12 +59,12 @@ class Watchdog:
         self._dialect = dialect
         self.timeout = timeout
         self._tick = min(MAX_TICK_S, max(MIN_TICK_S, timeout / 20))
-        self._handles: weakref.WeakSet[Watched] = weakref.WeakSet()
+        self._handles: weakref.WeakSet[HasDeadline] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def adopt(self, handle: Watched) -> None:
-        """Watch ``handle``'s attempts from now on (for as long as the handle lives)."""
+    def adopt(self, handle: HasDeadline) -> None:
+        """Keep ``handle``'s attempts to their deadlines from now on (for as long as the handle lives)."""
         with self._lock:
             self._handles.add(handle)
 
@@ -74,15 +74,15 @@ class Watchdog:
             with self._lock:
                 if self._thread is None:
                     self._thread = threading.Thread(
-                        target=self._watch, name="boundeddb-watchdog", daemon=True
+                        target=self._patrol, name="boundeddb-deadlines", daemon=True
                     )
                     self._thread.start()
 
-    def _armed(self) -> tuple[Watched, ...]:
+    def _armed(self) -> tuple[HasDeadline, ...]:
         with self._lock:
             return tuple(handle for handle in self._handles if handle.deadline != math.inf)
 
-    def _watch(self) -> None:
+    def _patrol(self) -> None:
         idle_since = perf_counter()
         while True:
             time.sleep(self._tick)
@@ -103,5 +103,5 @@ class Watchdog:
     def _stop(self, dbapi_connections: list[Any]) -> None:
         try:
             self._dialect.cancel_statements(dbapi_connections)
-        except Exception:  # never let the watchdog die: the units are marked and will not commit
+        except Exception:  # never let the thread die: the units are marked and will not commit
             logger.exception("stopping timed-out units' statements failed")

@@ -5,12 +5,12 @@ What a caller watches while a run lasts, served on the event loop: each outcome 
 Outcomes settle where units run: in a worker task on the loop, or in a worker thread (a
 ``ThreadOffloadRunner`` lane). :class:`OutcomeHook` calls the caller's function on the loop either
 way, in the order the outcomes settled: directly when an outcome settles on the loop and none is
-queued, else through a queue that :class:`Watch` drains every :data:`DRAIN_INTERVAL_S` (a worker
+queued, else through a queue that :class:`Feedback` drains every :data:`DRAIN_INTERVAL_S` (a worker
 thread only appends to it: no lock, no trip through the loop per unit). A function that raises
 stops the run: no unit starts after it, the units in flight finish, and the run raises its
 exception (it is never called again).
 
-:class:`Watch` also shows the run's figures on a :class:`Display` (the progress bar), at most
+:class:`Feedback` also shows the run's figures on a :class:`Display` (the progress bar), at most
 every :data:`DISPLAY_INTERVAL_S`, from the loop, reading counters the run keeps anyway: it costs
 the per-unit path nothing. Nothing here runs unless the caller asked for it.
 """
@@ -30,7 +30,7 @@ from .._outcome import Outcome
 from .limiter import Limiter
 from .recorder import NullRecorder, Recorder
 
-__all__ = ["DISPLAY_INTERVAL_S", "DRAIN_INTERVAL_S", "Display", "Figures", "OutcomeHook", "Watch"]
+__all__ = ["DISPLAY_INTERVAL_S", "DRAIN_INTERVAL_S", "Display", "Feedback", "Figures", "OutcomeHook"]
 
 logger = logging.getLogger("boundeddb")
 
@@ -105,7 +105,7 @@ class Display(Protocol):
         ...
 
 
-class Watch:
+class Feedback:
     """Serves a run's hook and display beside its workers: ``tick_forever`` while it runs, then ``close``."""
 
     def __init__(
@@ -124,7 +124,7 @@ class Watch:
 
     def figures(self) -> Figures:
         recorder, limiter = self._recorder, self._limiter
-        if recorder is None:  # pragma: no cover - a watched run always records
+        if recorder is None:  # pragma: no cover - a run with feedback always records
             return Figures(0, self._total, 0, 0, limiter.in_flight, limiter.limit)
         return Figures(
             recorder.succeeded + recorder.failed,
