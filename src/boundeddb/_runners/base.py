@@ -33,12 +33,14 @@ from .._stats import RunnerStatistics, RunStats
 from .binding import LoopBinding
 from .checks import (
     LimitPlan,
+    bound_engine,
     check_errors,
     check_priority,
     check_retry,
     check_timeout,
     check_verify_commits,
     checked_iterable,
+    resolve_limit_or_auto,
     with_reserve,
 )
 
@@ -67,23 +69,26 @@ def _describe(name: str, stats: RunnerStatistics, closed: bool) -> str:
 class BaseRunner:
     """Shared machinery; see the concrete runners for the public API."""
 
+    #: The argument that sets the limit, as messages name it (:class:`~boundeddb.ChunkedRunner`'s is
+    #: ``chunk_size``).
+    _limit_name = "limit"
+
     def __init__(
         self,
-        sessions: Any,
-        *,
-        limit: int | LimitPlan,
+        sessions: object,
+        limit: object,
         errors: object,
         retry: object,
         timeout: object,
-        engine: Engine,
-        reserve: object = 0,
-        limit_name: str = "limit",
-        verify_commits: object = False,
+        reserve: object,
+        verify_commits: object,
     ) -> None:
-        plan = limit if isinstance(limit, LimitPlan) else LimitPlan(limit, limit, limit)
-        plan = with_reserve(plan, reserve, limit_name)
-        self._sessions = sessions
-        self._engine = engine
+        """Check every argument before any database work, and build what every call shares."""
+        self._sessions = self._check_sessions(sessions)
+        self._engine = engine = bound_engine(self._sessions)
+        planned = self._plan_limit(limit, engine)
+        plan = planned if isinstance(planned, LimitPlan) else LimitPlan(planned, planned, planned)
+        plan = with_reserve(plan, reserve, self._limit_name)
         self._limiter = Limiter(plan.initial, plan.reserve)
         #: The most the limit can be: what the executor sizes itself for.
         self._max_limit = plan.high
@@ -100,6 +105,14 @@ class BaseRunner:
         self._executor: Executor[Any] = self._new_executor()
         self._closed = False
         self._binding = LoopBinding(type(self).__name__)
+
+    def _check_sessions(self, sessions: object) -> Any:
+        """``sessions`` if it is the kind of sessionmaker this runner runs units on; else a TypeError."""
+        raise NotImplementedError
+
+    def _plan_limit(self, limit: object, engine: Engine) -> int | LimitPlan:
+        """The limit asked for, checked against the engine's pool: fixed, or ``"auto"``'s plan."""
+        return resolve_limit_or_auto(self._limit_name, limit, engine, type(self).__name__)
 
     def _new_executor(self) -> Executor[Any]:
         raise NotImplementedError
