@@ -1,13 +1,9 @@
 """
 One unit from its first attempt to its outcome, written once for every executor.
 
-An executor runs one attempt (in its own session and transaction) and either returns the unit's
-value or raises. :meth:`Attempts.settle` decides what a failure means, explicitly: the unit's
-:class:`~boundeddb.Outcome` (done) or the delay before the next attempt (retry). A retry backs off
-*without* a slot, so a unit waiting to try again never holds a connection: the first attempt is
-made where units are served (``pacing.serve_one``, or a thread's lane), and :meth:`Attempts.rest`
-makes the ones a :class:`Retry` is owed — in the same worker (chunks) or in a worker of its own,
-so that its slot serves other units meanwhile.
+An executor runs one attempt and returns the unit's value or raises. :meth:`Attempts.settle` says
+what a failure means: the unit's :class:`~boundeddb.Outcome`, or the delay before its next attempt.
+A unit backing off never holds a slot: :meth:`Attempts.rest` gives it back for each back-off.
 """
 
 from __future__ import annotations

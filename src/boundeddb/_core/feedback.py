@@ -1,18 +1,11 @@
 """
-What a caller watches while a run lasts, served on the event loop: each outcome as it settles
-(``on_outcome``) and a display of the run's figures (``progress``).
+What a caller sees of a run while it lasts, served on the event loop: ``on_outcome`` and ``progress``.
 
-Outcomes settle where units run: in a worker task on the loop, or in a worker thread (a
-``ThreadOffloadRunner`` lane). :class:`OutcomeHook` calls the caller's function on the loop either
-way, in the order the outcomes settled: directly when an outcome settles on the loop and none is
-queued, else through a queue that :class:`Feedback` drains every :data:`DRAIN_INTERVAL_S` (a worker
-thread only appends to it: no lock, no trip through the loop per unit). A function that raises
-stops the run: no unit starts after it, the units in flight finish, and the run raises its
-exception (it is never called again).
-
-:class:`Feedback` also shows the run's figures on a :class:`Display` (the progress bar), at most
-every :data:`DISPLAY_INTERVAL_S`, from the loop, reading counters the run keeps anyway: it costs
-the per-unit path nothing. Nothing here runs unless the caller asked for it.
+:class:`OutcomeHook` calls the caller's function on the loop, in the order outcomes settled: at once
+for an outcome settled on the loop, else through a queue that :class:`Feedback` drains every
+:data:`DRAIN_INTERVAL_S`. A function that raises stops the run, which then raises its exception.
+:class:`Feedback` also updates a :class:`Display` every :data:`DISPLAY_INTERVAL_S` from counters the
+run keeps anyway. Nothing here runs, and nothing is added per unit, unless the caller asked for it.
 """
 
 from __future__ import annotations

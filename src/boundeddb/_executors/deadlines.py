@@ -1,18 +1,9 @@
 """
-A thread's unit stopped at its ``timeout`` on a database with no per-statement timeout the runner
-can set (MySQL, MariaDB, SQLite).
+:class:`StatementDeadlines`: a thread that stops a thread unit's statement at its ``timeout``.
 
-On PostgreSQL each unit's transaction gets ``SET LOCAL statement_timeout``, and the server stops a
-statement that outlasts it. Elsewhere a statement can only be stopped from outside: MySQL's
-``KILL QUERY`` from another connection, SQLite's ``interrupt()``. A :class:`StatementDeadlines` does that for
-a runner: one daemon thread, started when a unit with a deadline begins and gone after a second
-with none, looks at its workers' handles every *tick* (a twentieth of the timeout, between 5 and
-50 ms). A unit past its deadline is marked timed out and its statement is stopped through the
-dialect; it is never committed, whatever it does next, and its connection is discarded rather than
-pooled (a late ``KILL QUERY`` would stop another unit's statement). A unit that goes on to another
-statement after the first was stopped has that one stopped too, every 100 ms, until it returns.
-
-On the unit's path the cost is one clock read and two attribute writes when its statement begins.
+It serves databases where the server cannot be told a statement timeout (MySQL, MariaDB, SQLite).
+A unit past its deadline is never committed, and its connection is discarded. See "Sync units:
+lanes and handles" in ``docs/explanation/architecture.md``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """
 What the runners learn from an engine's pool: the peak of its checkouts, and connections being opened.
 
-- :func:`track_peak`: the peak number of connections checked out during a run (``RunStats``),
-  counted through the pool's ``checkout``/``checkin`` events, from any thread.
-- :func:`install_connect_hooks`: tells the worker whose task is opening a new DBAPI connection that it is,
-  and then which connection its task checked out, through :data:`HOOKS` (a context variable the
-  worker sets in its own task). A driver's connect cancelled half-way can leave futures behind
-  whose errors nobody retrieves (asyncpg's TLS probe, MagicStack/asyncpg#1211): workers defer a
-  cancellation while they open a connection. Knowing the connection without asking the session for
-  it (``await session.connection()``, one more greenlet per unit) lets the session connect lazily,
-  at the unit's first statement, as hand-written code does.
+- :func:`track_peak`: the most connections checked out at once during a run, for ``RunStats``.
+- :func:`install_connect_hooks`: the engine tells the worker whose task opens a connection that it
+  does, then which connection its task checked out, through :data:`HOOKS`. So a worker knows what
+  not to interrupt, and which connection to discard, without asking the session for it.
 """
 
 from __future__ import annotations

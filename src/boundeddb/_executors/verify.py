@@ -1,23 +1,16 @@
 """
 Verified commits (``verify_commits=True``): what became of a COMMIT whose connection was lost.
 
-Just before COMMIT, the transaction script reads the transaction's id on the unit's own connection
-(the dialect's ``current_xid_sql``; ``NULL`` for a unit that wrote nothing, which then needs nothing
-more: if its COMMIT fails, nothing of it was committed). If the COMMIT fails with a lost
-connection or a timeout, the attempt closes its session as always (the broken connection is
-discarded and checked in), and then — still in the unit's slot, so
-that the runner never holds more connections than its limit — a connection from the same engine
-asks the server for that transaction's status, until :data:`WAIT_S` has passed:
+Just before COMMIT the script reads the transaction's id. If the COMMIT fails with a lost
+connection or a timeout, a connection from the same engine asks the server for that transaction's
+status, still within the unit's slot, until :data:`WAIT_S` has passed:
 
 - ``committed``: the unit succeeded (:class:`~boundeddb._core.attempts.CommitVerified`);
-- ``aborted``: the attempt failed and nothing of it was committed: the retry policy decides;
-- ``in progress`` (the COMMIT still runs on the server: a deferred trigger, a synchronous standby)
-  or no answer (the server is down or unreachable): ask again after a pause;
-- ``NULL`` (the id is older than the server's commit log: not for a COMMIT of a moment ago), or
-  still unknown when the wait is over: ``commit_unknown``, as without verification.
+- ``aborted``: the attempt failed with nothing committed, and the retry policy decides;
+- ``in progress`` or no answer: ask again after a pause;
+- ``NULL``, or still unknown when the wait is over: ``commit_unknown``, as without verification.
 
-A connection opened to ask is given a connect timeout (the dialect's ``connect_timeout_params``),
-so that a server that accepts connections but never answers cannot hold the unit past its wait.
+``docs/how-to/verify-commits.md`` says when to turn it on and what it costs.
 """
 
 from __future__ import annotations
