@@ -1,6 +1,5 @@
 """
-The auto limit's controller: it moves a :class:`~.limiter.Limiter`'s limit to the fewest units in
-flight that give about the most throughput.
+The auto limit's controller: it moves a limiter's limit to the fewest units giving the most throughput.
 
 It climbs, then cruises at the limit with a look at a neighbouring limit now and then, comparing
 the throughput of windows of units: see :mod:`.climb` and :mod:`.windows`. A sign of overload cuts

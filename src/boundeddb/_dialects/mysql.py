@@ -1,12 +1,12 @@
 """
-MySQL and MariaDB (aiomysql, asyncmy, pymysql, mysqlclient): transient errors, lost connections,
-and stopping a statement on the server.
+MySQL and MariaDB: transient errors, lost connections, and stopping a statement on the server.
 
-A MySQL server goes on running a statement whose client went away, so a statement is stopped with
-``KILL QUERY <id>`` from a short-lived side connection: when the pool invalidates a connection, and
-for a cancelled run's threads. The server's id of each connection is read when it is made, because
-mysqlclient refuses any call on a connection while another thread runs a statement on it. An
-``autocommit`` in the engine's URL is refused (:meth:`MySQL.check_engine`).
+The drivers are aiomysql, asyncmy, pymysql and mysqlclient. A MySQL server goes on running a
+statement whose client went away, so a statement is stopped with ``KILL QUERY <id>`` from a
+short-lived side connection: when the pool invalidates a connection, and for a cancelled run's
+threads. The server's id of each connection is read when it is made, because mysqlclient refuses
+any call on a connection while another thread runs a statement on it. :meth:`MySQL.check_engine`
+refuses an ``autocommit`` in the engine's URL.
 ``docs/how-to/mysql.md`` tells the drivers' behaviours these guard against.
 """
 
