@@ -12,7 +12,7 @@ import asyncio
 import contextvars
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -29,7 +29,7 @@ from .._dialects import Dialect
 from .._errors import UnitTimeout
 from .pool import HOOKS, install_connect_hooks
 from .script import attempt_async
-from .verify import CommitVerifier, verified_async
+from .verify import bind_script, verified_async
 
 __all__ = ["AsyncSessionExecutor", "AsyncWorker"]
 
@@ -198,12 +198,9 @@ class AsyncSessionExecutor:
         install_connect_hooks(engine)
         self._attempts = attempts
         self._timeout = timeout
-        if verify_commits:  # set up once: the per-unit path without it is the same as before
-            verifier = CommitVerifier(engine, dialect)
-            script = functools.partial(attempt_async, sessions, dialect, runner, verifier.xid_sql)
-            self.attempt = functools.partial(verified_async, script, verifier)
-        else:
-            self.attempt = functools.partial(attempt_async, sessions, dialect, runner, None)
+        self.attempt: Callable[[AsyncWorker, Any, int], Coroutine[Any, Any, Any]] = bind_script(
+            attempt_async, verified_async, engine, dialect, verify_commits, sessions, dialect, runner
+        )
         #: Pull one unit and attempt it, with no await between the worker and the unit but this one.
         self.serve = functools.partial(serve_one, attempts, self.attempt)
 

@@ -10,7 +10,6 @@ discards the connections it sent a cancellation to. See "Sync units: lanes and h
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import math
@@ -34,7 +33,7 @@ from .._dialects import Dialect
 from .._outcome import Outcome
 from .deadlines import StatementDeadlines
 from .script import DeadlinePassed, attempt_sync
-from .verify import CommitVerifier, verified_sync
+from .verify import bind_script, verified_sync
 
 __all__ = ["Handle", "ThreadExecutor", "ThreadWorker"]
 
@@ -178,13 +177,9 @@ class ThreadExecutor:
         self._dialect = dialect
         self._attempts = attempts
         self._limiter = limiter
-        self._script: Callable[[Handle, Any, int], Any]
-        if verify_commits:  # set up once: the per-unit path without it is the same as before
-            verifier = CommitVerifier(engine, dialect)
-            script = functools.partial(attempt_sync, sessions, dialect, timeout, verifier.xid_sql)
-            self._script = functools.partial(verified_sync, script, verifier)
-        else:
-            self._script = functools.partial(attempt_sync, sessions, dialect, timeout, None)
+        self._script: Callable[[Handle, Any, int], Any] = bind_script(
+            attempt_sync, verified_sync, engine, dialect, verify_commits, sessions, dialect, timeout
+        )
         self._max_threads = max_threads
         #: Where the server cannot be told a statement timeout, a thread of ours stops the statement.
         self._deadlines = (

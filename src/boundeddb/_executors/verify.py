@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import threading
 import time
@@ -31,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .._core.attempts import CommitUnknown, CommitVerified
 from .._dialects import Dialect
 
-__all__ = ["WAIT_S", "CommitVerifier", "verified_async", "verified_sync"]
+__all__ = ["WAIT_S", "CommitVerifier", "bind_script", "verified_async", "verified_sync"]
 
 logger = logging.getLogger("boundeddb")
 
@@ -161,6 +162,27 @@ class CommitVerifier:
                 pause = min(2 * pause, MAX_PAUSE_S)
         finally:
             _CONNECT_TIMEOUT.reset(token)
+
+
+def bind_script(
+    script: Callable[..., Any],
+    verified: Callable[..., Any],
+    engine: Engine,
+    dialect: Dialect,
+    verify_commits: bool,
+    *args: Any,
+) -> Callable[..., Any]:
+    """
+    ``script`` with its leading ``args`` bound, then the SQL that reads the transaction's id, or
+    ``None`` without ``verify_commits``; with it, wrapped by ``verified`` (``verified_async`` or
+    ``verified_sync``).
+
+    Called once per runner: without ``verify_commits`` the per-unit path is the bare script.
+    """
+    if not verify_commits:
+        return functools.partial(script, *args, None)
+    verifier = CommitVerifier(engine, dialect)
+    return functools.partial(verified, functools.partial(script, *args, verifier.xid_sql), verifier)
 
 
 async def verified_async(

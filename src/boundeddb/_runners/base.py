@@ -194,12 +194,15 @@ class BaseRunner:
         sink: SinkT,
         recorder: NullRecorder,
         *,
-        stop_on_failure: bool,
         priority: int,
+        stop_on_failure: bool | None = None,
         window: anyio.Semaphore | None = None,
         request: FeedbackRequest | None = None,
     ) -> Run[SinkT]:
+        """A run of ``units``; ``stop_on_failure`` defaults to ``errors="raise"``."""
         controller = self._controller
+        if stop_on_failure is None:
+            stop_on_failure = self._errors == "raise"
         return Run(
             units,
             sink,
@@ -255,14 +258,7 @@ class BaseRunner:
             feedback = None
             try:
                 sink = ListSink()
-                run = self._new_run(
-                    units,
-                    sink,
-                    recorder,
-                    stop_on_failure=self._errors == "raise",
-                    priority=priority,
-                    request=request,
-                )
+                run = self._new_run(units, sink, recorder, priority=priority, request=request)
                 loop_lag = recorder.loop_lag = LoopLag() if measure_loop_lag else None
                 feedback = open_feedback(run, recorder, self._limiter, request, type(self).__name__)
                 await self._drive(run, loop_lag, feedback=feedback)
@@ -285,15 +281,7 @@ class BaseRunner:
             send, receive = anyio.create_memory_object_stream[Outcome[Any]](lookahead)
             sink = StreamSink(send)
             window = anyio.Semaphore(lookahead, fast_acquire=True)  # no loop turn per unit
-            run = self._new_run(
-                units,
-                sink,
-                recorder,
-                stop_on_failure=self._errors == "raise",
-                priority=priority,
-                window=window,
-                request=request,
-            )
+            run = self._new_run(units, sink, recorder, priority=priority, window=window, request=request)
             loop_lag = recorder.loop_lag = LoopLag()
             feedback = open_feedback(run, recorder, self._limiter, request, type(self).__name__)
 
