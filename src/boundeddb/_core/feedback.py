@@ -29,7 +29,7 @@ logger = logging.getLogger("boundeddb")
 
 #: How often outcomes settled in worker threads are handed to the hook, in seconds.
 DRAIN_INTERVAL_S = 0.01
-#: How often the display is updated, in seconds (rich's own default refresh is 10 per second).
+#: How often the display is updated, in seconds; rich's own default is 10 times a second.
 DISPLAY_INTERVAL_S = 0.1
 
 
@@ -48,14 +48,14 @@ class OutcomeHook:
         self.error: Exception | None = None
 
     def put(self, outcome: Outcome[Any]) -> None:
-        """An outcome settled (from any thread)."""
+        """An outcome settled; any thread may call it."""
         if self._queue or threading.get_ident() != self._loop_thread:
             self._queue.append(outcome)  # deque.append is atomic: safe from worker threads
         else:
             self._call(outcome)
 
     def drain(self) -> None:
-        """Hand every queued outcome to ``fn``, oldest first (on the loop)."""
+        """Hand every queued outcome to ``fn``, oldest first, on the loop."""
         queue = self._queue
         while queue:
             self._call(queue.popleft())
@@ -76,9 +76,9 @@ class OutcomeHook:
 class Figures:
     """What a display shows: the run so far."""
 
-    #: Units settled (succeeded or failed).
+    #: Units settled, succeeded or failed.
     done: int
-    #: How many units the input holds, if it says (``len()``); else None.
+    #: How many units the input holds if it has a ``len()``, else None.
     total: int | None
     failed: int
     #: Attempts that failed and were tried again, among settled units.
@@ -89,12 +89,12 @@ class Figures:
 
 
 class Display(Protocol):
-    """Shows a run's :class:`Figures` (on the event loop)."""
+    """Shows a run's :class:`Figures`, on the event loop."""
 
     def show(self, figures: Figures, *, final: bool) -> None: ...
 
     def close(self) -> None:
-        """The run is over (also when it failed or was cancelled)."""
+        """The run is over, also when it failed or was cancelled."""
         ...
 
 
@@ -143,7 +143,7 @@ class Feedback:
                 display.show(self.figures(), final=False)
 
     def close(self) -> None:
-        """The run is over (or cancelled): hand the hook what is left, show the last figures."""
+        """The run is over or cancelled: hand the hook what is left, show the last figures."""
         try:
             if self._hook is not None:
                 self._hook.drain()
