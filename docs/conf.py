@@ -94,9 +94,9 @@ intersphinx_mapping = {
 
 nitpicky = True
 nitpick_ignore = [
-    # TypeVars of the private boundeddb._typing module appear in signatures (RunReport[T]); they are
+    # TypeVars of the private boundeddb._typevars module appear in signatures (RunReport[T]); they are
     # type parameters, not objects with a page of their own, so there is nothing to link to.
-    ("py:class", "boundeddb._typing.T"),
-    ("py:class", "boundeddb._typing.ItemT"),
+    ("py:class", "boundeddb._typevars.T"),
+    ("py:class", "boundeddb._typevars.ItemT"),
     ("py:class", "T"),
 ]

@@ -1,6 +1,6 @@
 """
 Fixtures: a real PostgreSQL (a schema per test run), a MariaDB/MySQL (a database per test), SQLite
-files, engines, probes, the contract kit.
+files, engines, samplers, the contract kit. Helpers that are not fixtures live in ``tests/support/``.
 """
 
 from __future__ import annotations
@@ -8,37 +8,24 @@ from __future__ import annotations
 import gc
 import os
 import secrets
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from sqlalchemy import Column, Integer, String, create_engine, text
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
-from sqlalchemy.orm import DeclarativeBase, sessionmaker
-from typing_extensions import Self
+from sqlalchemy.orm import sessionmaker
 
 from boundeddb.testing import PostgresServer, driver_url, postgres
+from tests.support.kits import Kit
+from tests.support.models import Base
+from tests.support.servers import Database, MariaDB, PostgreSQL, database_of
 
 if TYPE_CHECKING:
-    from tests.kits import Kit
-    from tests.servers import Database, MariaDB, PostgreSQL
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Item(Base):
-    """A row per unit: ``key`` is unique, so a unit that commits twice shows up as an error."""
-
-    __tablename__ = "items"
-    id = Column(Integer, primary_key=True)
-    key = Column(String(64), unique=True, nullable=False)  # MySQL's VARCHAR needs a length
-    unit = Column(Integer)
+    from tests.support.probes import PeakSampler
 
 
 @pytest.fixture(scope="session")
@@ -142,83 +129,11 @@ def items_table(db: Database) -> Iterator[None]:
     db.drop_items()
 
 
-def backends(admin: Engine, app: str, *, state_like: str = "%") -> int:
-    with admin.connect() as connection:
-        return int(
-            connection.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE application_name = :app AND coalesce(state, '') LIKE :state"
-                ),
-                {"app": app, "state": state_like},
-            ).scalar_one()
-        )
-
-
-def idle_in_transaction(admin: Engine, app: str) -> int:
-    return backends(admin, app, state_like="idle in transaction%")
-
-
-def terminate_backends(admin: Engine, app: str) -> None:
-    with admin.connect() as connection:
-        connection.execute(
-            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :app"),
-            {"app": app},
-        )
-
-
 @pytest.fixture
 def reap_backends(db: Database) -> Iterator[None]:
     """At teardown, terminate this test's backends: a leaked one in a transaction would block DROP TABLE."""
     yield
     db.terminate()
-
-
-def committed_units(admin: Engine) -> list[int]:
-    with admin.connect() as connection:
-        return sorted(connection.execute(text("SELECT unit FROM items")).scalars())
-
-
-class PeakSampler:
-    """In a thread of its own, calls ``count()`` every 10 ms while open and keeps the peak."""
-
-    def __init__(self, count: Callable[[], int]) -> None:
-        self._count = count
-        self.peak = 0
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._count())
-            self.samples += 1
-            self._stop.wait(0.01)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-class ActivitySampler(PeakSampler):
-    """Counts the test's backends in pg_stat_activity from its own connection, every 10 ms."""
-
-    QUERY = text(
-        "SELECT count(*) FROM pg_stat_activity "
-        "WHERE application_name = :app AND backend_type = 'client backend'"
-    )
-
-    def __init__(self, admin: Engine, app: str) -> None:
-        super().__init__(self._backends)
-        self._admin, self._app = admin, app
-
-    def _backends(self) -> int:
-        with self._admin.connect() as connection:
-            return int(connection.execute(self.QUERY, {"app": self._app}).scalar_one())
 
 
 @pytest.fixture
@@ -232,8 +147,6 @@ def sampler(db: Database) -> PeakSampler:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each case of a kind with its server: ``mysql`` for a MySQL driver's, else ``postgres``."""
-    from tests.servers import database_of
-
     for item in items:
         callspec = getattr(item, "callspec", None)
         kind = callspec.params.get("kind") if callspec is not None else None
@@ -283,8 +196,6 @@ def mysql_db(mysql_server: URL) -> Iterator[MariaDB]:
     A database of this test's own on the MySQL server (its runners' engines connect to it), dropped at the
     end, after its connections are killed: a leaked transaction would make DROP DATABASE wait.
     """
-    from tests.servers import MariaDB
-
     database = f"bdbt_{secrets.token_hex(4)}"
     admin = create_engine(
         mysql_server.set(drivername="mysql+pymysql", database=None), isolation_level="AUTOCOMMIT", pool_size=2
@@ -342,19 +253,15 @@ def make_mysql_sync_engine(mysql_db: MariaDB) -> Iterator[Any]:
 @pytest.fixture
 def pg_db(admin: Engine, app_name: str) -> PostgreSQL:
     """The PostgreSQL facet: this test's backends are those with its application_name."""
-    from tests.servers import PostgreSQL
-
     return PostgreSQL(admin, app_name)
 
 
 @pytest.fixture
 def db(request: pytest.FixtureRequest) -> Database:
     """
-    The server of the test's parametrized ``kind`` (tests/servers.py): MariaDB for a kind on a MySQL
+    The server of the test's parametrized ``kind`` (tests/support/servers.py): MariaDB for a kind on a MySQL
     driver (``"semaphore-asyncmy"``), PostgreSQL for the others and for a test without a kind.
     """
-    from tests.servers import database_of
-
     callspec = getattr(request.node, "callspec", None)
     kind = callspec.params.get("kind") if callspec is not None else None
     mysql = isinstance(kind, str) and database_of(kind) == "mariadb"
@@ -362,12 +269,10 @@ def db(request: pytest.FixtureRequest) -> Database:
     return database
 
 
-# -- the contract kit: a runner of the parametrized ``kind`` and units of its shape (tests/kits.py) ---------
+# -- the contract kit: a runner of the parametrized ``kind`` and units of its shape (support/kits.py) -----
 
 
 def _make_kit(kind: str, request: pytest.FixtureRequest, db: Database, **async_options: Any) -> Kit:
-    from tests.kits import Kit  # tests.kits imports this module (Item)
-
     async_fixture, sync_fixture = db.engine_fixtures
     # The async engine factory is an asyncio-only fixture: ask for it only where it is needed.
     async_factory = None
@@ -380,7 +285,7 @@ def _make_kit(kind: str, request: pytest.FixtureRequest, db: Database, **async_o
 
 @pytest.fixture
 def kit(kind: str, request: pytest.FixtureRequest, db: Database) -> Kit:
-    """A Kit for the test's parametrized ``kind`` (tests.kits.CASES), on the server of that kind."""
+    """A Kit for the test's parametrized ``kind`` (tests.support.kits.CASES), on the server of that kind."""
     return _make_kit(kind, request, db)
 
 

@@ -1,4 +1,4 @@
-"""The result of one unit (:class:`Outcome`) and of a batch (:class:`RunReport`)."""
+"""What became of one unit, :class:`Outcome`, and of a batch, :class:`RunReport`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Generic
 
-from ._typing import T
+from ._typevars import T
 
 if TYPE_CHECKING:
     from ._stats import RunStats
@@ -24,31 +24,30 @@ class Outcome(Generic[T]):
     .. versionadded:: 0.1.0
     """
 
-    #: The unit's position in the input (0-based).
+    #: The unit's position in the input, from 0.
     index: int
     #: The unit's return value if it committed, else ``None``.
     value: T | None
-    #: The exception of the unit's last attempt if it failed (its transaction was rolled back),
+    #: The exception of the unit's last attempt if it failed and its transaction was rolled back,
     #: else ``None``.
     error: Exception | None
     #: Seconds the unit's last attempt ran, from opening its session to closing it.
     latency_s: float
-    #: Seconds the unit waited for a free slot before it started (summed over attempts).
+    #: Seconds the unit waited for a free slot before it started, summed over its attempts.
     wait_s: float
-    #: How many attempts it took (more than 1 only with a retry policy).
+    #: How many attempts it took; more than 1 only with a retry policy.
     attempts: int = 1
     #: ``True`` if the unit failed *while the runner was committing it* and the failure leaves
-    #: the commit's fate unknown (the connection was lost, or the unit was cancelled or timed out
-    #: mid-commit): the transaction may have committed. Such a unit is never retried. Give units a
-    #: unique key (or another idempotency check) and look it up to learn what happened.
+    #: the commit's fate unknown: the connection was lost, or the unit was cancelled or timed out
+    #: mid-commit, and the transaction may have committed. Such a unit is never retried. Give units
+    #: a unique key or another idempotency check, and look it up to learn what happened.
     #: With ``verify_commits=True`` on PostgreSQL the runner asks the server first, and sets it only
     #: if no answer came within its wait.
     commit_unknown: bool = False
-    #: ``True`` if the connection was lost while the runner committed the unit's last attempt and
-    #: the runner learned from the server what became of it (``verify_commits=True``): the unit
+    #: ``True`` if the connection was lost while the runner committed the unit's last attempt and,
+    #: with ``verify_commits=True``, the runner learned from the server what became of it: the unit
     #: is ``ok`` if the server committed it, else it failed with that COMMIT's error and nothing
-    #: of it was committed (a retry policy may have run it again; then this describes the last
-    #: attempt only).
+    #: of it was committed. After a retry policy ran it again, this describes the last attempt.
     #:
     #: .. versionadded:: 0.2.0
     commit_verified: bool = False
@@ -73,18 +72,18 @@ class Outcome(Generic[T]):
 @dataclasses.dataclass(frozen=True, slots=True, repr=False)
 class RunReport(Generic[T]):
     """
-    Everything a batch (``run()`` or ``map()``) did, in input order.
+    Everything a batch, ``run()`` or ``map()``, did, in input order.
 
     Every unit the runner pulled from the input has an outcome here:
-    it committed (``ok``), or it failed and was rolled back,
-    or — rarely — it failed during the commit itself with
+    it committed and is ``ok``, or it failed and was rolled back,
+    or, rarely, it failed during the commit itself with
     :attr:`~boundeddb.Outcome.commit_unknown` set.
-    Units that were never pulled (after a failure with ``errors="raise"``) have none.
+    Units never pulled, after a failure with ``errors="raise"``, have none.
 
     .. versionadded:: 0.1.0
     """
 
-    #: One outcome per started unit, in input order (``outcomes[i].index == i``).
+    #: One outcome per started unit, in input order: ``outcomes[i].index == i``.
     outcomes: Sequence[Outcome[T]]
     #: Figures for the whole run.
     stats: RunStats

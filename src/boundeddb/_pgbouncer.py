@@ -1,4 +1,4 @@
-"""Engine options for PostgreSQL behind a pooler in transaction mode (PgBouncer)."""
+"""Engine options for PostgreSQL behind a pooler in transaction mode, such as PgBouncer."""
 
 from __future__ import annotations
 
@@ -21,32 +21,31 @@ def _asyncpg_statement_name() -> str:
 def pgbouncer_engine_options(url: str | URL) -> dict[str, Any]:
     """
     Return the ``create_engine`` / ``create_async_engine`` keyword arguments that make ``url``'s
-    driver safe behind a pooler in transaction mode (PgBouncer's ``pool_mode = transaction``).
+    driver safe behind a pooler in transaction mode, PgBouncer's ``pool_mode = transaction``.
 
     In transaction mode the pooler hands each transaction whichever server connection is free, so
     a prepared statement made on one server connection is not there on the next, or a name used
     by one client is already taken by another: ``prepared statement "__asyncpg_stmt_1__" does not
-    exist`` / ``already exists``.  PgBouncer 1.21 and later can track prepared statements
-    (``max_prepared_statements``); older ones, such as Debian 12's 1.18, cannot.  The options
+    exist`` / ``already exists``.  PgBouncer 1.21 and later can track prepared statements with
+    ``max_prepared_statements``; older ones, such as Debian 12's 1.18, cannot.  The options
     returned here work with both:
 
-    - ``postgresql+asyncpg``: ``connect_args`` with ``statement_cache_size=0`` (asyncpg keeps no
-      prepared statements between calls, and re-prepares a statement within its own message
-      sequence rather than trust one prepared earlier), ``prepared_statement_cache_size=0``
-      (SQLAlchemy's own cache of asyncpg statements, off for the same reason) and
-      ``prepared_statement_name_func`` (each statement a unique name, so two clients that share a
-      server connection never collide).  Cost: every statement is parsed by the server each time
-      (an extra ``Parse`` message, no extra round trip); the bench's ``fleet`` scenario measures it.
-    - ``postgresql+psycopg`` and ``postgresql+psycopg_async`` (psycopg 3): ``connect_args`` with
-      ``prepare_threshold=None``, which turns psycopg's automatic server-side preparation off
-      (psycopg prepares a query after it ran 5 times by default).  Cost: the same re-parse, only
-      for queries run often.
+    - ``postgresql+asyncpg``: ``connect_args`` with ``statement_cache_size=0``, so that asyncpg
+      keeps no prepared statements between calls and re-prepares a statement within its own
+      message sequence; ``prepared_statement_cache_size=0``, SQLAlchemy's own cache of asyncpg
+      statements, off for the same reason; and ``prepared_statement_name_func``, which gives each
+      statement a unique name, so that two clients that share a server connection never collide.
+      Cost: the server parses every statement each time, an extra ``Parse`` message but no extra
+      round trip; the bench's ``fleet`` scenario measures it.
+    - ``postgresql+psycopg`` and ``postgresql+psycopg_async``, psycopg 3: ``connect_args`` with
+      ``prepare_threshold=None``, which turns off psycopg's automatic server-side preparation of a
+      query that ran 5 times.  Cost: the same re-parse, only for queries run often.
     - ``postgresql+psycopg2``: nothing; psycopg2 never prepares statements on the server.
 
-    The result is a new dict every call: merge your own options into it (``connect_args``
-    included).  SQLAlchemy's pool may stay as it is: its connections are client connections to
+    The result is a new dict every call: merge your own options into it, ``connect_args``
+    included.  SQLAlchemy's pool may stay as it is: its connections are client connections to
     the pooler, and a server connection is held only for the length of a transaction, which the
-    runner ends for every unit.  Set ``pool_size`` (and a runner's ``limit``) per process so
+    runner ends for every unit.  Set ``pool_size`` and a runner's ``limit`` per process so
     that the sum over the processes stays within the pooler's ``max_client_conn``; the server
     sees at most its ``default_pool_size`` connections however many clients wait.  A
     ``poolclass=NullPool`` also works and opens a client connection per unit; the runners then
@@ -55,14 +54,14 @@ def pgbouncer_engine_options(url: str | URL) -> dict[str, Any]:
     ``SET LOCAL`` inside the unit, or qualify names, not through startup options.
 
     Args:
-        url: The database URL (a string or a :class:`sqlalchemy.engine.URL`), with its driver.
+        url: The database URL, a string or a :class:`sqlalchemy.engine.URL`, with its driver.
 
     Returns:
         The keyword arguments, e.g. ``{"connect_args": {"prepare_threshold": None}}``.
 
     Raises:
-        ValueError: if the URL is not PostgreSQL or its driver is not one of asyncpg, psycopg
-            (sync or async) or psycopg2; the message names the driver.
+        ValueError: if the URL is not PostgreSQL or its driver is not one of asyncpg, psycopg,
+            sync or async, or psycopg2; the message names the driver.
 
     Example::
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ._core.feedback import Display, Feedback
 from ._core.limiter import Limiter
 from ._core.recorder import NullRecorder
 from ._core.run import Run
-from ._core.watch import Display, Watch
 from ._outcome import Outcome
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-__all__ = ["Watching", "check_on_outcome", "open_display", "open_watch", "watching"]
+__all__ = ["FeedbackRequest", "check_on_outcome", "feedback_request", "open_display", "open_feedback"]
 
 _MISSING_RICH = (
     "progress=True draws its bar with rich, an optional dependency: install it with "
@@ -77,9 +77,9 @@ def _not_a_progress(progress: object) -> NoReturn:
     raise TypeError(msg)
 
 
-class Watching:
+class FeedbackRequest:
     """
-    What a call asked to watch: ``progress`` and ``on_outcome``, checked (served by a ``Watch``).
+    What a call asked to see of its run: ``progress`` and ``on_outcome``, checked (served by a ``Feedback``).
 
     ``size`` is the input's length where the units are made from it (``map(fn, items)``).
     """
@@ -101,22 +101,22 @@ class Watching:
         self.size: float | None = len(items) if isinstance(items, Sized) else None
 
 
-def watching(
+def feedback_request(
     progress: bool | str | Progress, on_outcome: object, description: str, items: object = None
-) -> Watching | None:
-    """What a call asked to watch, checked; None if nothing (the common case: nothing to serve)."""
+) -> FeedbackRequest | None:
+    """What a call asked to see of its run, checked; None if nothing (the common case: nothing to serve)."""
     if progress is False and on_outcome is None:
         return None
-    return Watching(progress, on_outcome, description=description, items=items)
+    return FeedbackRequest(progress, on_outcome, description=description, items=items)
 
 
-def open_watch(
-    run: Run[Any], recorder: NullRecorder, limiter: Limiter, watching: Watching | None, runner: str
-) -> Watch | None:
-    """What serves ``watching`` beside ``run``'s workers, its display started; None if nothing is watched."""
-    if watching is None or not watching.asked:
+def open_feedback(
+    run: Run[Any], recorder: NullRecorder, limiter: Limiter, request: FeedbackRequest | None, runner: str
+) -> Feedback | None:
+    """What serves ``request`` beside ``run``'s workers, its display started; None if nothing was asked."""
+    if request is None or not request.asked:
         return None
-    display = open_display(watching.progress, watching.description or runner, run.size)
+    display = open_display(request.progress, request.description or runner, run.size)
     if display is None and run.hook is None:
         return None  # a bar on a stderr that is not a terminal: nothing to serve
-    return Watch(run.hook, display, recorder, limiter, run.size)
+    return Feedback(run.hook, display, recorder, limiter, run.size)

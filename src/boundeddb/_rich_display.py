@@ -17,7 +17,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from ._core.watch import Figures
+from ._core.feedback import Figures
 
 __all__ = ["Progress", "RichDisplay"]
 

@@ -14,7 +14,7 @@ class RunStats:
     """
     Figures for one batch, measured by the runner while it ran.
 
-    Latencies are those of units that started (each unit's last attempt).
+    Latencies are those of the last attempt of each unit that started.
     ``peak_connections`` counts connections checked out of the engine's pool,
     observed through the pool's ``checkout``/``checkin`` events during the run;
     it includes connections that other code checked out of the same pool meanwhile.
@@ -30,7 +30,7 @@ class RunStats:
     failed: int
     #: Wall-clock seconds from the start of the run to its end.
     elapsed_s: float
-    #: Finished units (succeeded + failed) per second of ``elapsed_s``.
+    #: Finished units, succeeded and failed, per second of ``elapsed_s``.
     throughput: float
     latency_p50_s: float
     latency_p95_s: float
@@ -47,7 +47,7 @@ class RunStats:
     loop_lag_max_s: float | None = None
     #: Attempts that failed and were tried again under the runner's retry policy.
     retried: int = 0
-    #: The lowest the runner's limit was during the run (the limit itself, for a fixed one).
+    #: The lowest the runner's limit was during the run; for a fixed limit, the limit.
     #:
     #: .. versionadded:: 0.2.0
     limit_min: int = 0
@@ -83,13 +83,13 @@ class RunnerStatistics:
     .. versionadded:: 0.2.0
     """
 
-    #: The most units in flight at once, now (it moves with ``limit="auto"``).
+    #: The most units in flight at once, now; it moves with ``limit="auto"``.
     limit: int
     #: Slots of the limit granted only to calls with ``priority > 0``.
     reserve: int
-    #: Units holding a slot (a connection) now.
+    #: Units holding a slot, and so a connection, now.
     in_flight: int
-    #: Units (of any call) waiting for a slot.
+    #: Units of any call waiting for a slot.
     waiting: int
     #: ``waiting`` by priority; priorities with no waiter are left out.
     waiting_by_priority: Mapping[int, int]
@@ -98,7 +98,7 @@ class RunnerStatistics:
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:
-    """The nearest-rank percentile of already sorted values (0.0 for none)."""
+    """The nearest-rank percentile of already sorted values; 0.0 for none."""
     if not sorted_values:
         return 0.0
     rank = max(1, math.ceil(fraction * len(sorted_values)))

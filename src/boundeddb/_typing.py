@@ -1,15 +1,15 @@
-"""TypeVars and the shapes of units, shared by every module."""
+"""The shapes of units of work: functions that take a SQLAlchemy session."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-T = TypeVar("T")
-ItemT = TypeVar("ItemT")
+from ._typevars import ItemT, T
+
+__all__ = ["AsyncUnit", "ItemT", "SyncUnit", "T"]
 
 #: An async unit of work: ``async def unit(session: AsyncSession) -> T``.
 AsyncUnit = Callable[[AsyncSession], Awaitable[T]]

@@ -1,47 +1,9 @@
 """
-The auto limit's controller: moves a :class:`~.limiter.Limiter`'s limit to the fewest units in
-flight that give (about) the most throughput.
+The auto limit's controller: it moves a limiter's limit to the fewest units giving the most throughput.
 
-Delay-based, by Little's law: at a limit the units fill, throughput is the units in flight over
-their latency, so comparing two limits' throughput compares how much latency grows with how much
-the limit does (the gradient of Netflix's Gradient limit and Envoy's adaptive concurrency filter,
-taken against a neighbouring limit measured moments apart rather than against a minimum latency
-measured once).
-
-- Units report each attempt (:meth:`LimitController.observe`, :meth:`LimitController.failed`;
-  from any thread, cheap: two appends under a lock). :mod:`.windows` gathers the latencies into
-  windows and gives each window's throughput (none if the units did not fill the limit), leaving
-  out the units that ran at an old limit and those that warm up new connections.
-- *Climb* (at first, and after the database changed; :mod:`.climb`): the limit doubles while
-  doubling pays, faster after a doubling that paid in full; if the first doubling did not pay, it
-  halves while halving costs at most :data:`~.climb.TOLERANCE`. Then it takes the fewest units in
-  flight it measured (about) the most throughput at: the cruise, with more evidence than one window
-  each, is where fewer connections win a tie.
-- *Cruise*: windows at the limit, and now and then one at a neighbour (a quarter higher or lower, at
-  least 1; half as far once a side is shown not to pay), compared with the windows at the limit just
-  before and after it, so that the machine's own drift cancels out (a side the climb's own
-  measurements show not to pay is first looked at :data:`SEEDED_WAIT` windows out). Each side's
-  comparisons add up (the newest :data:`EVIDENCE`): the limit goes up once the higher limit is shown
-  to give more than ``1 + GAIN`` times the throughput, down once the lower one is shown to give more
-  than ``1 - TOLERANCE`` times it ("shown": the mean log ratio less :data:`Z` standard errors).
-  Fewer connections for the same throughput are better (less latency, less load on a shared
-  server): hence the asymmetry. A look up shown to pay, and on average paying like a climb's
-  doubling (throughput up by at least ``CLIMB_GAIN`` of the step), climbs again from there, upwards
-  only: the limit sat well below the knee (a climb misled by a stall of the machine). A look that
-  moves nothing makes that side's next look come twice as late, up to :data:`MAX_WAIT` windows
-  (also when it is shown not to pay and the next looks go half as far).
-  Throughput is compared with what the neighbouring limit gives now, so a database that became
-  slower for everyone (a neighbour on the server, a colder cache) is not taken for overload: every
-  limit got slower, the best one did not move.
-- *Change*: two windows in a row at the limit whose throughput is more than :data:`CHANGE` times
-  off its recent level (a neighbour came or went) drop the evidence, and the climb starts again
-  once throughput at the limit has settled (two windows within :data:`SETTLED` of each other).
-- A sign of overload (a timeout, a pool timeout, a deadlock or serialization failure) from an
-  attempt that started after the last cut cuts the limit by a quarter at once and holds it from
-  rising for :data:`CALM_WINDOWS` windows.
-
-The limiter never over-grants while the limit moves (see :meth:`~.limiter.Limiter.set_limit`).
-Nothing here imports SQLAlchemy; what counts as overload is the runner's (dialect's) business.
+It climbs, then cruises at the limit with a look at a neighbouring limit now and then, comparing
+the throughput of windows of units: see :mod:`.climb` and :mod:`.windows`. A sign of overload cuts
+the limit at once. How and why: ``docs/explanation/auto-limit-controller.md``.
 """
 
 from __future__ import annotations
@@ -66,18 +28,18 @@ FIRST_WAIT_UP, FIRST_WAIT_DOWN = 2, 1
 #: SEED_MARGIN less than the side would have to.
 SEEDED_WAIT, SEED_MARGIN = 4, 0.05
 #: The cruise moves up if the higher limit gives more than 1 + GAIN times the throughput, down if
-#: the lower one gives more than 1 - TOLERANCE (:mod:`.climb`) times it, with Z standard errors to spare.
+#: the lower one gives more than 1 - TOLERANCE times it, with Z standard errors to spare.
 GAIN, Z = 0.02, 1.0
-#: The spread (sd of the log ratio) a single comparison is assumed to have until a side has its
+#: The spread, as sd of the log ratio, a single comparison is assumed to have until a side has its
 #: own, and how many comparisons that assumption weighs as.
 PRIOR_SPREAD, PRIOR_WEIGHT = 0.12, 2
-#: Comparisons a side keeps (the newest).
+#: Comparisons a side keeps, the newest.
 EVIDENCE = 8
-#: The most windows at the limit between two looks at one side (twice as far apart after each
-#: look that moved nothing).
+#: The most windows at the limit between two looks at one side; each look that moves nothing
+#: doubles the gap, up to this.
 MAX_WAIT = 16
 #: Throughput this many times off its recent level, two windows in a row: the database changed. The
-#: climb that follows waits (at most SETTLE_WINDOWS windows) for two windows in a row within SETTLED
+#: climb that follows waits, at most SETTLE_WINDOWS windows, for two windows in a row within SETTLED
 #: of each other: while another workload starts or stops, throughput moves whatever the limit does.
 CHANGE, SETTLED, SETTLE_WINDOWS = 1.6, 1.25, 4
 #: Weight of the newest window in the recent level of throughput at the limit.
@@ -85,7 +47,7 @@ LEVEL_WEIGHT = 0.3
 #: Cut on overload: the limit times this; then no rise for CALM_WINDOWS windows.
 BACKOFF = 0.75
 CALM_WINDOWS = 8
-#: The most (seconds since start, limit) points a trace keeps; then every other point is dropped.
+#: The most points a trace keeps; then every other point is dropped.
 TRACE_POINTS = 512
 
 Side = Literal["up", "down"]
@@ -111,7 +73,7 @@ class LimitTrace:
                 self._points.append(last)
 
     def since(self, start: float) -> tuple[tuple[float, int], ...]:
-        """The limit at ``start`` (a ``perf_counter()`` reading) and each change after it, re-based."""
+        """The limit at ``start``, a ``perf_counter()`` reading, and each change after it, re-based."""
         offset = start - self._start
         first = self._points[0][1]
         later: list[tuple[float, int]] = []
@@ -138,7 +100,7 @@ class Evidence:
         self.ratios = [*self.ratios[-(EVIDENCE - 1) :], ratio]
 
     def bounds(self) -> tuple[float, float]:
-        """The mean log ratio less and plus Z standard errors (the spread shrunk towards the prior's)."""
+        """The mean log ratio less and plus Z standard errors; the spread is shrunk towards the prior's."""
         n = len(self.ratios)
         mean = sum(self.ratios) / n
         squares = sum((r - mean) ** 2 for r in self.ratios)
@@ -162,17 +124,17 @@ class LimitController:
         self._limiter = limiter
         self._is_overload = is_overload
         self.low, self.high = low, high
-        #: What the units report, in windows (``observe`` is theirs: the per-unit path).
+        #: What the units report, in windows; ``observe`` is on the per-unit path.
         self.windows = Windows(limiter, initial)
         self.observe = self.windows.observe
         self._overloaded = False
-        self._cut_at = float("-inf")  # when the limit was last cut for overload (perf_counter())
-        self._calm_until = 0  # no rise before this window (after an overload)
-        #: "climb" or "cruise"; the climb under way (or the last one).
+        self._cut_at = float("-inf")  # perf_counter() when the limit was last cut for overload
+        self._calm_until = 0  # after an overload, no rise before this window
+        #: "climb" or "cruise"; the climb under way, or the last one.
         self.phase = "climb"
         self._climbing = Climb(initial)
-        #: Cruise: the limit it holds, the last window's throughput there, the side being looked at
-        #: (and its window's throughput, until the window at the limit after it).
+        #: Cruise: the limit it holds, the last window's throughput there, the side being looked at,
+        #: and that side's throughput until the window at the limit after it.
         self._home = initial
         self._before: float | None = None
         self._looking: Side | None = None
@@ -183,12 +145,12 @@ class LimitController:
         self._off = 0
         self.trace = LimitTrace(limiter.limit)
 
-    # -- from the units (any thread; ``observe`` is the windows') ------------------------------------
+    # -- from the units, in any thread; ``observe`` is the windows' ---------------------------------
 
     def failed(self, error: Exception, latency_s: float = 0.0) -> None:
         """
-        An attempt failed with ``error`` after ``latency_s`` seconds: note it if it says the database
-        (or pool) is overloaded, unless it started before the last cut (that limit's own doing).
+        An attempt failed with ``error`` after ``latency_s`` seconds: note it if it says the database or
+        the pool is overloaded, unless it started before the last cut, which dealt with it.
         """
         if self._is_overload(error) and perf_counter() - latency_s >= self._cut_at:
             self._overloaded = True
@@ -267,7 +229,7 @@ class LimitController:
             self._move(self._home, "back from a look (the units did not fill it)")
 
     def _step(self, throughput: float) -> None:
-        """A cruise window closed: at a neighbour, or at the limit (compare, decide, maybe look again)."""
+        """A cruise window closed, at a neighbour or at the limit: compare, decide, maybe look again."""
         if self._looking is not None:
             self._looked, self._looking = (self._looking, throughput), None
             self._move(self._home, "back from a look")
@@ -295,7 +257,7 @@ class LimitController:
         return self._off >= 2
 
     def _weigh(self, side: Side, ratio: float) -> bool:
-        """Add a comparison to ``side``'s evidence; move the limit if it is shown to pay (if it moved)."""
+        """Add a comparison to ``side``'s evidence; move the limit if that is shown to pay: did it move?"""
         evidence = self._sides[side]
         evidence.add(ratio)
         low, high = evidence.bounds()
@@ -319,7 +281,7 @@ class LimitController:
         return False
 
     def _look(self) -> None:
-        """Spend the next window at a neighbour whose turn it is, if any (the side due longest first)."""
+        """Spend the next window at a neighbour whose turn it is, if any: the side due longest first."""
         due: list[tuple[int, Side]] = []
         for side in ("down", "up"):
             evidence = self._sides[side]
@@ -335,7 +297,7 @@ class LimitController:
     # -- moving the limit ---------------------------------------------------------------------------
 
     def _move(self, limit: int, reason: str) -> None:
-        """Move the limit; the next window leaves out the units in flight now (they ran at the old one)."""
+        """Move the limit; the next window leaves out the units in flight now, which ran at the old one."""
         limit = max(self.low, min(self.high, limit))
         old = self._limiter.target
         if limit == old:
@@ -347,7 +309,7 @@ class LimitController:
 
 
 def limit_figures(limiter: Limiter, controller: LimitController | None, started: float) -> dict[str, Any]:
-    """The ``limit_*`` fields of the RunStats of a run that started at ``started`` (``perf_counter()``)."""
+    """The ``limit_*`` fields of the RunStats of a run that started at ``perf_counter()`` ``started``."""
     if controller is None:
         limit = limiter.limit
         return {"limit_min": limit, "limit_max": limit, "limit_final": limit, "limit_trace": ((0.0, limit),)}

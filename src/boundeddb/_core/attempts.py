@@ -1,13 +1,9 @@
 """
 One unit from its first attempt to its outcome, written once for every executor.
 
-An executor runs one attempt (in its own session and transaction) and either returns the unit's
-value or raises. :meth:`Attempts.settle` decides what a failure means, explicitly: the unit's
-:class:`~boundeddb.Outcome` (done) or the delay before the next attempt (retry). A retry backs off
-*without* a slot, so a unit waiting to try again never holds a connection: the first attempt is
-made where units are served (``pacing.serve_one``, or a thread's lane), and :meth:`Attempts.rest`
-makes the ones a :class:`Retry` is owed — in the same worker (chunks) or in a worker of its own,
-so that its slot serves other units meanwhile.
+An executor runs one attempt and returns the unit's value or raises. :meth:`Attempts.settle` says
+what a failure means: the unit's :class:`~boundeddb.Outcome`, or the delay before its next attempt.
+A unit backing off never holds a slot: :meth:`Attempts.rest` gives it back for each back-off.
 """
 
 from __future__ import annotations
@@ -53,7 +49,7 @@ class CommitUnknown(Exception):
     Carries a unit's error raised while the runner committed, when the commit may have happened.
 
     With ``verify_commits``, also what the executor needs to ask the server afterwards: the
-    transaction's id (``None`` if it had none, or nobody read it) and the unit's value.
+    transaction's id, ``None`` if it had none or nobody read it, and the unit's value.
     """
 
     def __init__(self, error: Exception, xid: str | None = None, value: Any = None) -> None:
@@ -65,10 +61,10 @@ class CommitUnknown(Exception):
 
 class CommitVerified(Exception):
     """
-    A COMMIT whose connection was lost, and what the server said became of it (``verify_commits``).
+    With ``verify_commits``: a COMMIT whose connection was lost, and what the server said became of it.
 
     ``committed``: the unit succeeded with ``value``. Otherwise the server aborted the
-    transaction: the attempt failed with ``error`` (the COMMIT's own), and nothing was committed.
+    transaction: the attempt failed with ``error``, the COMMIT's own, and nothing was committed.
     """
 
     def __init__(self, error: Exception, *, committed: bool, value: Any = None) -> None:
@@ -79,7 +75,7 @@ class CommitVerified(Exception):
 
 
 class UnitMisuse(Exception):
-    """Carries the error about how a unit was written (not a database failure of the unit)."""
+    """Carries the error about how a unit was written, not a database failure of the unit."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -103,14 +99,14 @@ class Retry:
 
     unit: Any
     index: int
-    #: The number of the attempt it is owed (2 after the first failed).
+    #: The number of the attempt it is owed: 2 after the first failed.
     attempt: int
     delay: float
     #: Seconds it waited for slots so far.
     wait_s: float
 
 
-#: One attempt of ``unit`` (number ``index``) by ``worker``: its value, or it raises.
+#: One attempt of ``unit``, number ``index``, by ``worker``: its value, or it raises.
 AttemptFn = Callable[[WorkerT, Any, int], Awaitable[Any]]
 
 
@@ -178,8 +174,8 @@ class Attempts:
         """
         The attempts a unit is owed after its first failed: each after a back-off without a slot.
 
-        ``slot`` is the worker's: given back (if held) for each back-off, taken again after it.
-        A unit that comes here without a slot (handed to a worker of its own) was counted as
+        ``slot`` is the worker's: given back if held for each back-off, and taken again after it.
+        A unit that comes here without a slot, handed to a worker of its own, was counted as
         paused when it gave its first one up.
         """
         unit, index, attempt = retry.unit, retry.index, retry.attempt

@@ -1,19 +1,9 @@
 """
-The auto limit's climb: how the controller (:mod:`.adaptive`) finds the region of the best limit, at
-first and after the database changed, one window at each limit it tries.
+The auto limit's climb: it finds the region of the best limit, one window at each limit it tries.
 
-- Up: the limit doubles while doubling pays (throughput up by at least :data:`CLIMB_GAIN` of the
-  step, i.e. latency grew by less than half); after a doubling that paid :data:`LEAP_GAIN` of it,
-  the next step is :data:`LEAP` times the limit, and if that leap does not pay, the doubling it
-  skipped is measured.
-- Down: if the first doubling did not pay, the knee may be below the start: the limit halves while
-  halving costs at most :data:`TOLERANCE` (not for a climb that a look up started: it has measured
-  below its start already).
-- The end: the fewest units in flight within :data:`PICK_TOLERANCE` of the most throughput measured
-  (the cruise, with more evidence than one window each, is where fewer connections win a tie).
-
-What the climb measured also says what the cruise's first looks would find (:meth:`Climb.ratio`):
-the controller looks at a neighbour the climb's curve shows not to pay less often from the start.
+The limit doubles while doubling pays, halves while halving costs little, and ends at the fewest
+units within :data:`PICK_TOLERANCE` of the most throughput measured; see "The climb" in
+``docs/explanation/auto-limit-controller.md``.
 """
 
 from __future__ import annotations

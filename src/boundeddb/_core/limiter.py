@@ -2,18 +2,16 @@
 The Limiter: the one object that grants slots and takes them back.
 
 A slot is the right to hold one connection for one unit. Every runner has one limiter, shared by
-all its calls (batches, streams, submits): that is what makes ``limit`` a bound on connections.
+all its calls, so ``limit`` bounds the runner's connections. Invariants:
 
-- Slots go to the waiter with the highest priority first, first come first served within one.
-- ``reserve`` of the slots go only to priorities above 0: work of priority 0 (or below) holds at
-  most ``limit - reserve`` at once, so a caller with a higher priority finds a slot free while
-  such work saturates the rest. A reserved slot is never lent, not even while it sits idle.
-- The limit may change while slots are held (:meth:`Limiter.set_limit`): raising it grants
-  waiters at once; lowering it grants nothing more, and the limit steps down only as slots come
-  back, so that at every moment ``in_flight <= limit``.
-- :meth:`Limiter.acquire` and :meth:`Limiter.release` belong to the event loop the runner is bound
-  to (a waiter is that loop's event); the figures (``limit``, ``in_flight``, :meth:`statistics`,
-  :meth:`should_yield`) may be read from any thread: worker threads never touch an anyio primitive.
+- ``in_flight <= limit`` at every moment, also while the limit moves: a raised limit grants
+  waiters at once; a lowered one grants nothing more and steps down as slots come back.
+- A freed slot goes to the waiter of the highest priority, first come first served within one.
+- Work of priority 0 or below holds at most ``limit - reserve`` slots; a reserved slot is never
+  lent, not even while it sits idle.
+- :meth:`Limiter.acquire` and :meth:`Limiter.release` belong to the runner's event loop; any
+  thread may read the figures: ``limit``, ``in_flight``, :meth:`~Limiter.statistics` and
+  :meth:`~Limiter.should_yield`.
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ class Limiter:
         self._target = limit
         self._reserve = reserve
         self._in_flight = 0
-        #: Slots held by priority 0 and below (the ones the reserve is kept from).
+        #: Slots held by priority 0 and below: the work the reserve is kept from.
         self._shared = 0
         self._held: Counter[int] = Counter()
         # (-priority, arrival, waiter); a waiter that gave up stays in the heap, ungranted and
@@ -79,7 +77,7 @@ class Limiter:
         return self._in_flight
 
     def share(self, priority: int, limit: int | None = None) -> int:
-        """The most slots work of ``priority`` may hold at once under ``limit`` (default: now)."""
+        """The most slots work of ``priority`` may hold at once under ``limit``, by default the limit now."""
         limit = self._limit if limit is None else limit
         return limit if priority > 0 else limit - self._reserve
 
@@ -98,7 +96,7 @@ class Limiter:
             )
 
     def should_yield(self) -> bool:
-        """Whether a holder that could go on should give its slot back (someone waits, or over limit)."""
+        """Whether a holder that could go on should give its slot back: someone waits, or over the limit."""
         with self._lock:
             return (
                 len(self._heap) > len(self._gone)
@@ -115,7 +113,7 @@ class Limiter:
             return False
 
     async def acquire(self, priority: int = 0) -> None:
-        """Take a slot, waiting for one if none is free (no trip through the loop if one is)."""
+        """Take a slot, waiting for one if none is free; a free one costs no trip through the loop."""
         if self.try_acquire(priority):
             return
         waiter = _Waiter(priority)
@@ -137,7 +135,7 @@ class Limiter:
             raise
 
     def release(self, priority: int = 0) -> None:
-        """Give back a slot taken at ``priority``; wake the waiters that may have one now (on the loop)."""
+        """Give back a slot taken at ``priority``, and wake the waiters that may have one now; on the loop."""
         with self._lock:
             self._in_flight -= 1
             self._held[priority] -= 1
@@ -150,7 +148,7 @@ class Limiter:
             waiter.event.set()
 
     def set_limit(self, limit: int) -> None:
-        """Move the limit to ``limit`` (>= 1): up at once, down as slots come back (on the loop)."""
+        """Move the limit to ``limit``, at least 1: up at once, down as slots come back; on the loop."""
         with self._lock:
             self._target = limit
             self._limit = limit if limit >= self._limit else max(limit, self._in_flight)
@@ -171,14 +169,14 @@ class Limiter:
             self._shared += 1
 
     def _ahead(self, priority: int) -> bool:
-        """Whether a live waiter of ``priority`` or higher is queued (under the lock)."""
+        """Whether a live waiter of ``priority`` or higher is queued; call it under the lock."""
         heap = self._heap
         while heap and heap[0][2] in self._gone:
             self._gone.discard(heapq.heappop(heap)[2])
         return bool(heap) and -heap[0][0] >= priority
 
     def _grant(self) -> list[_Waiter]:
-        """Hand free slots to the waiters at the head of the queue (under the lock)."""
+        """Hand free slots to the waiters at the head of the queue; call it under the lock."""
         woken: list[_Waiter] = []
         heap = self._heap
         while heap:
@@ -198,7 +196,7 @@ class Limiter:
 
 
 class Slot:
-    """One worker's hold on a limiter: taken before each unit, given back after it (or to back off)."""
+    """One worker's hold on a limiter: taken before each unit, given back after it or to back off."""
 
     __slots__ = ("held", "limiter", "priority")
 
@@ -212,7 +210,7 @@ class Slot:
         self.held = True
 
     def give(self) -> None:
-        """Give the slot back if it is held (so clean-up can call it blindly)."""
+        """Give the slot back if it is held, so that clean-up can call it blindly."""
         if self.held:
             self.held = False
             self.limiter.release(self.priority)

@@ -1,49 +1,74 @@
 """
-How a run starts its units: long-lived workers, each taking a slot before it pulls a unit.
+How a run starts its units: up to ``limit`` long-lived workers, each taking a slot before it pulls.
 
-A run has up to ``limit`` workers (the shape of hand-written code: workers pulling from one
-iterator), not a task per unit. A worker takes a slot from the runner's limiter, has the executor
-serve units while it holds it, gives it back and paces itself:
-
-- :class:`SlidingWindow`: the next unit starts as soon as a slot is free. A unit to be retried is
-  handed to a worker of its own, which backs off without a slot, so the slot serves other units.
-- :class:`Chunks`: each worker runs one unit (retries included), then all wait for each other.
-
-How workers run, and how they are stopped when the run is cancelled, is the executor's business
-(native asyncio tasks cancelled exactly once, or threads whose statements are cancelled): a
-:class:`Team` of workers that may grow while the run lasts.
+A worker takes a slot from the runner's limiter, has the executor serve units while it holds it,
+gives it back, and paces itself. :class:`SlidingWindow` starts the next unit as soon as a slot is
+free, and hands a unit owed a retry to a worker of its own, which backs off without a slot.
+:class:`Chunks` runs one unit per worker, then waits for the whole chunk. How workers run and stop
+is the executor's: a :class:`Team`.
 """
 
 from __future__ import annotations
 
+import enum
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from time import perf_counter
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import anyio
 
 from .._outcome import Outcome
 from .adaptive import LimitController
 from .attempts import AttemptFn, Attempts, Retry
+from .feedback import Feedback
 from .limiter import Limiter, Slot
 from .recorder import LoopLag
-from .run import REFUSED, Run
-from .watch import Watch
+from .run import END, REFUSED, Run
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["Body", "Chunks", "Executor", "Pacer", "SlidingWindow", "Team", "Worker", "drive", "serve_one"]
+__all__ = [
+    "Body",
+    "Chunks",
+    "Executor",
+    "Pacer",
+    "Served",
+    "SlidingWindow",
+    "Team",
+    "Worker",
+    "drive",
+    "serve_one",
+]
+
+
+class Served(enum.Enum):
+    """How a worker's turn with its slot ended: what :meth:`Executor.serve` returns."""
+
+    #: Units were served, and the input may hold more.
+    MORE = "more"
+    #: The input ran out, or the run stopped starting units.
+    EXHAUSTED = "exhausted"
+    #: A unit's attempt failed and it is owed another: the worker's ``retry`` holds it.
+    RETRY = "retry"
+
+
+# The per-unit path returns and compares these by identity, as module globals.
+MORE: Final = Served.MORE
+EXHAUSTED: Final = Served.EXHAUSTED
+RETRY: Final = Served.RETRY
 
 
 class Worker:
     """One of a run's workers; executors add what they need to stop one."""
 
-    __slots__ = ("slot",)
+    __slots__ = ("retry", "slot")
 
     def __init__(self, slot: Slot) -> None:
         self.slot = slot
+        #: The unit owed another attempt when :meth:`Executor.serve` returned ``RETRY``.
+        self.retry: Retry | None = None
 
 
 WorkerT = TypeVar("WorkerT", bound=Worker)
@@ -76,9 +101,8 @@ class Executor(Protocol[WorkerT]):
 
     def team(self, run: Run[Any]) -> Team[WorkerT]: ...
 
-    async def serve(self, run: Run[Any], worker: WorkerT, wait_s: float) -> bool | Retry:
-        """Run units while ``worker`` holds its slot: ``False`` once the input is exhausted,
-        a :class:`Retry` for a unit owed another attempt, ``True`` otherwise."""
+    async def serve(self, run: Run[Any], worker: WorkerT, wait_s: float) -> Served:
+        """Run units while ``worker`` holds its slot; say how the turn ended."""
         ...
 
     async def attempt(self, worker: WorkerT, unit: Any, index: int) -> Any:
@@ -88,7 +112,7 @@ class Executor(Protocol[WorkerT]):
 
 async def serve_one(
     attempts: Attempts, attempt_fn: AttemptFn[WorkerT], run: Run[Any], worker: WorkerT, wait_s: float
-) -> bool | Retry:
+) -> Served:
     """
     Pull one unit and attempt it once: an executor's ``serve``, one unit at a time.
 
@@ -96,8 +120,8 @@ async def serve_one(
     is paid again each time the unit waits for the database, so this is the only one.
     """
     pulled = run.pull_sync() if run.pulls_sync else await run.pull()
-    if pulled is None:
-        return False
+    if pulled is END:
+        return EXHAUSTED
     if pulled is not REFUSED:
         unit, index = pulled
         started = perf_counter()
@@ -106,11 +130,12 @@ async def serve_one(
         except Exception as error:
             settled = attempts.settle(error, index, 1, perf_counter() - started, wait_s)
             if not isinstance(settled, Outcome):
-                return Retry(unit, index, 2, settled, wait_s)
+                worker.retry = Retry(unit, index, 2, settled, wait_s)
+                return RETRY
         else:
             settled = Outcome(index, value, None, perf_counter() - started, wait_s)
         run.finish(settled)
-    return True
+    return MORE
 
 
 class Pacer(Protocol):
@@ -220,16 +245,18 @@ class _Drive:
                 await slot.take()
                 try:
                     served = await serve(run, worker, perf_counter() - waited)
-                    if served.__class__ is Retry:
+                    if served is RETRY:
+                        retry, worker.retry = worker.retry, None
+                        assert retry is not None
                         if pacer.hands_off_retries:
                             run.recorder.attempt_paused()  # it gives up this worker's slot below
                             carrier = self.executor.worker(Slot(self.limiter, run.priority))
-                            self.team.spawn(carrier, self._retrier(served))
+                            self.team.spawn(carrier, self._retrier(retry))
                         else:
-                            await self._retry(worker, served)
+                            await self._retry(worker, retry)
                 finally:
                     slot.give()
-                if not served:
+                if served is EXHAUSTED:
                     self.exhausted = True
                     if window is not None:
                         window.release()
@@ -264,11 +291,11 @@ async def drive(
     *,
     loop_lag: LoopLag | None = None,
     controller: LimitController | None = None,
-    watch: Watch | None = None,
+    feedback: Feedback | None = None,
 ) -> None:
     """
     Run every unit of ``run`` with ``workers`` workers, beside the loop-lag ticker (and the
-    controller's and the watch's, if any).
+    controller's and the feedback's, if any).
 
     The workers run in a child task, not in the caller's: cancelled together with the ticker when
     the caller is — by a cancel scope, but also by a native ``Task.cancel()``,
@@ -284,8 +311,8 @@ async def drive(
                 helpers.start_soon(loop_lag.tick_forever)
             if controller is not None:
                 helpers.start_soon(state.adjust_forever)
-            if watch is not None:
-                helpers.start_soon(watch.tick_forever)
+            if feedback is not None:
+                helpers.start_soon(feedback.tick_forever)
 
             async def work() -> None:
                 try:

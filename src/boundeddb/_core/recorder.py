@@ -12,13 +12,13 @@ import anyio
 from .._outcome import Outcome
 from .._stats import RunStats, percentile
 
-__all__ = ["ConnectionWatch", "LoopLag", "NullRecorder", "Recorder"]
+__all__ = ["CheckoutPeak", "LoopLag", "NullRecorder", "Recorder"]
 
 #: How often the loop-lag ticker asks to be woken, in seconds.
 LOOP_LAG_INTERVAL_S = 0.005
 
 
-class ConnectionWatch(Protocol):
+class CheckoutPeak(Protocol):
     """The peak number of connections checked out while a run lasted (the executor layer's gauge)."""
 
     @property
@@ -75,6 +75,7 @@ class Recorder(NullRecorder):
 
     __slots__ = (
         "_lock",
+        "checkouts",
         "commits_verified",
         "failed",
         "in_flight",
@@ -86,10 +87,9 @@ class Recorder(NullRecorder):
         "started",
         "submitted",
         "succeeded",
-        "watch",
     )
 
-    def __init__(self, watch: ConnectionWatch, *, keep_latencies: bool = True) -> None:
+    def __init__(self, checkouts: CheckoutPeak, *, keep_latencies: bool = True) -> None:
         self.submitted = 0
         self.succeeded = 0
         self.failed = 0
@@ -100,7 +100,7 @@ class Recorder(NullRecorder):
         self.keep_latencies = keep_latencies
         self.latencies: array[float] = array("d")
         self.loop_lag: LoopLag | None = None
-        self.watch = watch
+        self.checkouts = checkouts
         self.started = perf_counter()
         self._lock = threading.Lock()
 
@@ -136,8 +136,8 @@ class Recorder(NullRecorder):
                 self.peak_in_flight = self.in_flight
 
     def close(self) -> None:
-        """Stop watching the pool (idempotent; also done by :meth:`finish`)."""
-        self.watch.close()
+        """Stop tracking the pool's checkouts (idempotent; also done by :meth:`finish`)."""
+        self.checkouts.close()
 
     def finish(self, **limits: Any) -> RunStats:
         """The run's figures; ``limits`` are its ``limit_*`` fields (see :class:`~boundeddb.RunStats`)."""
@@ -157,7 +157,7 @@ class Recorder(NullRecorder):
             latency_p99_s=percentile(ordered, 0.99),
             latency_max_s=ordered[-1] if ordered else 0.0,
             peak_in_flight=self.peak_in_flight,
-            peak_connections=self.watch.peak,
+            peak_connections=self.checkouts.peak,
             loop_lag_p99_s=lag_p99,
             loop_lag_max_s=lag_max,
             retried=self.retried,

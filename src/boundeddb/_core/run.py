@@ -1,18 +1,19 @@
 """
-One run — a batch, a stream or a submit — and where its outcomes go.
+One run, a batch, a stream or a submit, and where its outcomes go.
 
-A :class:`Run` owns everything a call shares between its workers: pulling units from the input
-(one index per unit, in pull order), checking each unit's kind, where outcomes go (a :class:`Sink`),
-when to stop starting units, and what to raise at the end.
+A :class:`Run` owns what a call's workers share: the input, pulled one unit at a time with one index
+each; each unit's check; the :class:`Sink` its outcomes go to; when to stop starting units; and what
+to raise at the end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import math
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sized
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -20,15 +21,37 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from .._errors import RunFailed, UnitMisuseError
 from .._outcome import Outcome, RunReport
 from .._stats import RunStats
+from .feedback import OutcomeHook
 from .recorder import NullRecorder
-from .watch import OutcomeHook
 
-__all__ = ["REFUSED", "ListSink", "Run", "Sink", "StreamSink", "ValueSink", "failures_error", "next_outcome"]
+__all__ = [
+    "END",
+    "REFUSED",
+    "ListSink",
+    "Pulled",
+    "Run",
+    "Sink",
+    "StreamSink",
+    "ValueSink",
+    "failures_error",
+    "next_outcome",
+]
 
 
-#: What :meth:`Run.pull` returns for a unit that failed its check and was settled on the spot.
-REFUSED: Any = object()
-_END: Any = object()
+class Pulled(enum.Enum):
+    """What :meth:`Run.pull` returns when it has no unit to hand out."""
+
+    #: The input ran out, or the run stopped starting units.
+    END = "end"
+    #: The unit failed its check and was settled on the spot: pull again.
+    REFUSED = "refused"
+
+
+# The per-unit path compares with these by identity, as module globals.
+END: Final = Pulled.END
+REFUSED: Final = Pulled.REFUSED
+#: What ``next()`` returns at the end of the input: a unit may be any object, None included.
+_EXHAUSTED: Any = object()
 
 #: Checks a unit before it runs: ``None`` if it is fine, else what is wrong and how to fix it.
 UnitCheck = Callable[[object, int], "str | None"]
@@ -44,7 +67,7 @@ class Sink(Protocol):
 
 
 class ListSink:
-    """``run()``: every outcome, stored by index (from any thread)."""
+    """``run()``: every outcome, stored by index, from any thread."""
 
     thread_safe = True
 
@@ -74,7 +97,7 @@ class ValueSink:
 
 
 class StreamSink:
-    """``stream()``: outcomes to the consumer as they come (on the loop), failures kept for the end."""
+    """``stream()``: outcomes to the consumer as they come, on the loop; failures kept for the end."""
 
     thread_safe = False
 
@@ -94,8 +117,8 @@ async def next_outcome(receive: MemoryObjectReceiveStream[Outcome[Any]]) -> Outc
     """
     ``stream()``'s side of a StreamSink: the next outcome, or None once the producer is done.
 
-    An outcome already waiting comes without a turn of the event loop (``receive()`` takes one per
-    item): on a busy loop the consumer would otherwise get one outcome per turn while several
+    An outcome already waiting comes without a turn of the event loop, which ``receive()`` takes for
+    every item: on a busy loop the consumer would otherwise get one outcome per turn while several
     settle, the lookahead window would fill, and workers would wait for it with slots free.
     """
     try:
@@ -132,7 +155,7 @@ class Run(Generic[SinkT]):
     ) -> None:
         self.sink = sink
         self._put = sink.put
-        #: The caller's ``on_outcome``, served on the loop (None if not asked: nothing per unit).
+        #: The caller's ``on_outcome``, served on the loop; None if not asked, and then nothing per unit.
         self.hook: OutcomeHook | None = None
         if on_outcome is not None:
             self.hook = hook = OutcomeHook(on_outcome, self.stop)
@@ -144,14 +167,14 @@ class Run(Generic[SinkT]):
 
             self._put = put_and_tell
         self.recorder = recorder
-        #: With an auto limit: told the latency of each unit that succeeded (from any thread).
+        #: With an auto limit: told the latency of each unit that succeeded, from any thread.
         self._observe = observe
         self.priority = priority
-        #: For streams: pulled but not yet consumed, at most its value (O(limit) memory).
+        #: For streams: units pulled but not yet consumed are at most its value, so memory is O(limit).
         self.window = window
         self._check = check
         self._stop_on_failure = stop_on_failure
-        #: Start no more units (a failure with errors="raise", misuse, a failed input, cancellation).
+        #: Start no more units: a failure with errors="raise", misuse, a failed input, or cancellation.
         self.stopping = False
         self.misuse: UnitMisuseError | None = None
         self.input_error: BaseException | None = None
@@ -164,61 +187,58 @@ class Run(Generic[SinkT]):
             self._async_iterator = aiter(units)
         else:
             self._iterator = iter(units)
-        #: How many units the input holds, if it says (``len()``; ``map()`` passes its items'); else inf.
+        #: How many units the input holds if it has a ``len()``, else inf; ``map()`` passes its items'.
         self.size = size if size is not None else len(units) if isinstance(units, Sized) else math.inf
 
     @property
     def pulls_sync(self) -> bool:
-        """Whether the input is a plain iterable (pulled without a trip through the event loop)."""
+        """Whether the input is a plain iterable, pulled without a trip through the event loop."""
         return self._iterator is not None
 
     @property
     def pulls_in_threads(self) -> bool:
-        """Whether a worker thread may pull and settle units itself (a lane)."""
+        """Whether a worker thread may pull and settle units itself, as a lane."""
         return self._iterator is not None and self.window is None and self.sink.thread_safe
 
     # -- pulling ------------------------------------------------------------------------------------
 
-    def pull_sync(self) -> tuple[Any, int] | Any:
-        """The next ``(unit, index)`` of a plain iterable, ``REFUSED``, or ``None`` at the end.
-
-        Any thread may call it.
-        """
+    def pull_sync(self) -> tuple[Any, int] | Pulled:
+        """The next ``(unit, index)`` of a plain iterable, or :class:`Pulled`; any thread may call it."""
         with self._pull_lock:
             if self.stopping:
-                return None
+                return END
             try:
-                unit = next(self._iterator, _END)  # type: ignore[arg-type]
+                unit = next(self._iterator, _EXHAUSTED)  # type: ignore[arg-type]
             except Exception as error:  # the caller's iterable failed: drain, then re-raise it
                 self.input_error, self.stopping = error, True
-                return None
-            if unit is _END:
-                return None
+                return END
+            if unit is _EXHAUSTED:
+                return END
             index = self._next_index
             self._next_index = index + 1
         return self._admit(unit, index)
 
-    async def pull(self) -> tuple[Any, int] | Any:
-        """As :meth:`pull_sync`, for any input (on the loop)."""
+    async def pull(self) -> tuple[Any, int] | Pulled:
+        """As :meth:`pull_sync`, for any input, on the loop."""
         if self._iterator is not None:
             return self.pull_sync()
         if self._async_pull_lock is None:
             self._async_pull_lock = anyio.Lock()
         async with self._async_pull_lock:
             if self.stopping:
-                return None
+                return END
             try:
-                unit = await anext(self._async_iterator, _END)  # type: ignore[arg-type]
+                unit = await anext(self._async_iterator, _EXHAUSTED)  # type: ignore[arg-type]
             except Exception as error:
                 self.input_error, self.stopping = error, True
-                return None
-            if unit is _END:
-                return None
+                return END
+            if unit is _EXHAUSTED:
+                return END
             index = self._next_index
             self._next_index = index + 1
         return self._admit(unit, index)
 
-    def _admit(self, unit: Any, index: int) -> tuple[Any, int] | Any:
+    def _admit(self, unit: Any, index: int) -> tuple[Any, int] | Pulled:
         """Count the unit as started, or settle it on the spot if it fails its check."""
         self.recorder.unit_started()
         message = self._check(unit, index)
@@ -228,13 +248,13 @@ class Run(Generic[SinkT]):
         return REFUSED
 
     def stop(self) -> None:
-        """Start no more units (any thread)."""
+        """Start no more units; any thread may call it."""
         self.stopping = True
 
     # -- outcomes ----------------------------------------------------------------------------------
 
     def finish(self, outcome: Outcome[Any]) -> None:
-        """Record and deliver a unit's outcome; stop starting units if the run must stop (any thread)."""
+        """Record and deliver a unit's outcome, and stop starting units if the run must; from any thread."""
         self.recorder.unit_finished(outcome)
         error = outcome.error
         if error is None:

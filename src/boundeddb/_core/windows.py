@@ -1,19 +1,9 @@
 """
-What the auto limit measures: the latencies units report, gathered into windows, and the
-throughput each window shows (see :mod:`.adaptive` for what is done with it).
+What the auto limit measures: unit latencies gathered into windows, and each window's throughput.
 
-A window closes once it holds at least ``max(MIN_SAMPLES, 2 * limit)`` latencies and
-:data:`MIN_WINDOW_S` passed (a climb's windows: :data:`CLIMB_SAMPLES`, :data:`CLIMB_WINDOW_S`), or
-:data:`MAX_WINDOW_S` passed with a few. Its throughput is, by Little's law, its mean units in
-flight over its latency: the mean of its fastest :data:`KEPT` (a windowed percentile: a stall of
-the machine hits a few units hard and would swamp a plain mean, and a mix of fast and slow units
-moves a trimmed mean smoothly where a median would jump between the two). A window whose units did
-not fill the limit (:data:`FILLED`) has none: the units' source, not the limit, set the pace.
-
-After a change of the limit, the latencies of the units that were in flight are left out (they ran
-at the old limit), and so are those of the first :data:`WARM_UP` units of each slot opened for the
-first time: its connection opens and prepares its statements (asyncpg on first use, psycopg after
-5 executions), and such units took 1.2-5x their later latency in the benchmark's runs.
+By Little's law, a window's throughput is its mean units in flight over its latency. A window whose
+units did not fill the limit has none, and the latencies of units that ran at an old limit or warmed
+up a new connection are left out; see "Windows" in ``docs/explanation/auto-limit-controller.md``.
 """
 
 from __future__ import annotations
@@ -25,7 +15,7 @@ from .limiter import Limiter
 
 __all__ = ["Windows"]
 
-#: Fewest latencies in a window (more: twice the limit).
+#: Fewest latencies in a window, or twice the limit if that is more.
 MIN_SAMPLES = 32
 #: A window lasts at least this long (seconds): fewer, steadier decisions on fast units.
 MIN_WINDOW_S = 0.1
@@ -39,7 +29,7 @@ MIN_WINDOW_SAMPLES = 3
 KEPT = 0.8
 #: A window fills the limit if the units in flight averaged at least this share of it.
 FILLED = 0.9
-#: Latencies left out for each slot the limit opens for the first time (they warm up).
+#: Latencies left out for each slot the limit opens for the first time: they warm up.
 WARM_UP = 4
 
 
@@ -49,18 +39,18 @@ class Windows:
     def __init__(self, limiter: Limiter, initial: int) -> None:
         self._limiter = limiter
         self._lock = threading.Lock()
-        #: The window's latencies, and the units in flight as each finished (itself included).
+        #: The window's latencies, and the units in flight as each finished, itself included.
         self._samples: list[float] = []
         self._loads: list[int] = []
         self._start: float | None = None  # the first look starts the first window
-        #: Latencies to leave out before the next window (of old units, and of units warming up).
+        #: Latencies to leave out before the next window: of old units, and of units warming up.
         self.skip = WARM_UP * initial
         self._opened = initial  # the highest the limit has been
         #: Windows closed so far: the controller's clock.
         self.closed = 0
 
     def observe(self, latency_s: float) -> None:
-        """A unit's attempt succeeded after ``latency_s`` seconds (any thread; while it holds its slot)."""
+        """A unit's attempt succeeded after ``latency_s`` seconds; any thread, while it holds its slot."""
         in_flight = self._limiter.in_flight
         with self._lock:
             self._samples.append(latency_s)
@@ -76,7 +66,7 @@ class Windows:
         self._take(now)
 
     def close(self, now: float, *, climbing: bool) -> tuple[bool, float | None]:
-        """Whether a window closed at ``now`` (a new one starts then), and its throughput if it has one."""
+        """Whether a window closed at ``now``, where a new one starts, and its throughput if it has one."""
         if self.skip:
             self._leave_out(now)
             return False, None
@@ -109,7 +99,7 @@ class Windows:
         return samples, loads
 
     def _leave_out(self, now: float) -> None:
-        """Drop the latencies to skip as they come (the old units finish first); the window starts after."""
+        """Drop the latencies to skip as they come, since old units finish first; the window starts after."""
         with self._lock:
             dropped = min(self.skip, len(self._samples))
             del self._samples[:dropped]

@@ -1,8 +1,8 @@
 """
 What boundeddb needs to know of a database and its drivers; the answers for a database it does not know.
 
-Each module of this package describes one database with a :class:`Dialect` subclass named
-``DIALECT`` and the ``engine.dialect.name`` values it serves (``NAMES``). The defaults here assume
+Each module of this package describes one database: a :class:`Dialect` subclass named ``DIALECT``,
+and ``NAMES``, the ``engine.dialect.name`` values it serves. The defaults here assume
 nothing: no error is transient but a lost connection, statements cannot be stopped from another
 thread, and a thread's unit cannot be given a per-statement timeout.
 """
@@ -27,15 +27,15 @@ _CONTEXT_DEPTH = 3
 
 def is_socket_error(error: BaseException | None) -> bool:
     """
-    A refused, reset or aborted connection: :class:`ConnectionError`, or a bare :class:`OSError`
-    (asyncio's "Multiple exceptions" when every address refused). Not its other subclasses:
+    A refused, reset or aborted connection: :class:`ConnectionError`, or a bare :class:`OSError`,
+    which is asyncio's "Multiple exceptions" when every address refused. Not its other subclasses:
     :class:`TimeoutError`, :class:`FileNotFoundError` and :class:`PermissionError` are OSErrors too.
     """
     return isinstance(error, ConnectionError) or type(error) is OSError
 
 
 class StatementEnded(Exception):
-    """Why a connection is discarded when no statement of it still runs on the server (none to stop)."""
+    """Why a connection is discarded when no statement of it still runs on the server: none to stop."""
 
 
 #: Passed to ``Connection.invalidate()`` for a connection discarded after its statement returned.
@@ -43,7 +43,7 @@ STATEMENT_ENDED = StatementEnded("discarded after its statement's cancellation: 
 
 
 class Dialect:
-    """The facts of one database (and its drivers) that the runners act on."""
+    """The facts of one database and its drivers that the runners act on."""
 
     #: ``engine.dialect.name``, for messages.
     name = "default"
@@ -54,9 +54,9 @@ class Dialect:
         """
         Whether ``error`` says the connection to the server was lost, refused or invalidated.
 
-        A driver error raised while a lost connection was being handled (its ``__context__``) is
-        one too: after a lost socket, the rollback SQLAlchemy attempts can fail with words of its
-        own (psycopg's "another command is already in progress"), and that error is the one raised.
+        So is a driver error whose ``__context__`` is one: after a lost socket, the rollback that
+        SQLAlchemy attempts can fail with words of its own, and that error is the one raised:
+        psycopg's "another command is already in progress".
         """
         if not isinstance(error, sa_exc.DBAPIError):
             return is_socket_error(error)
@@ -77,14 +77,14 @@ class Dialect:
         return is_socket_error(orig) or is_socket_error(orig.__cause__)
 
     def is_transient(self, error: BaseException) -> bool:
-        """Whether ``error`` is worth a retry in a fresh transaction (see :func:`boundeddb.is_transient`)."""
+        """Whether ``error`` is worth a retry in a fresh transaction: :func:`boundeddb.is_transient`."""
         return self.is_connection_error(error)
 
     def is_overload(self, error: BaseException) -> bool:
         """
-        Whether ``error`` says the database (or the pool) is overloaded, for ``limit="auto"``:
-        a unit or pool timeout, or a transient error that is not a lost connection (a deadlock,
-        a serialization failure, a lock wait timeout).
+        Whether ``error`` says the database or the pool is overloaded, for ``limit="auto"``:
+        a unit or pool timeout, or a transient error that is not a lost connection, such as a
+        deadlock, a serialization failure or a lock wait timeout.
         """
         if isinstance(error, (UnitTimeout, sa_exc.TimeoutError)):
             return True
@@ -98,11 +98,11 @@ class Dialect:
         """
         Mark a driver error as a lost connection if the unit's own connection says it is closed.
 
-        SQLAlchemy recognises disconnects by their messages, and misses some (psycopg's
+        SQLAlchemy recognises disconnects by their messages, and misses some, such as psycopg's
         "sending query failed: ... another command is already in progress" after the backend was
-        terminated). The DBAPI connection's own state is the better witness: if it is closed, set
-        SQLAlchemy's ``connection_invalidated`` flag, so the error is retried as transient (or,
-        during COMMIT, reported as ``commit_unknown``) and the connection is discarded, not reused.
+        terminated. The DBAPI connection's own state is the better witness: if it is closed, set
+        SQLAlchemy's ``connection_invalidated`` flag, so that the error is retried as transient, or
+        reported as ``commit_unknown`` during COMMIT, and the connection is discarded, not reused.
         ``dbapi_connection`` is ``None`` when SQLAlchemy has already discarded it.
         """
         if not isinstance(error, sa_exc.DBAPIError) or error.connection_invalidated:
@@ -116,11 +116,11 @@ class Dialect:
         is_closed = getattr(raw, "is_closed", None)
         return bool(is_closed() if callable(is_closed) else getattr(raw, "closed", False))
 
-    # -- verifying commits (verify_commits=True) ---------------------------------------------------
+    # -- verifying commits: verify_commits=True ----------------------------------------------------
 
-    #: SQL that returns the current transaction's id as text, or ``NULL`` if it has none yet (it
-    #: wrote nothing); ``None`` where the database cannot be asked afterwards what became of a
-    #: transaction whose connection was lost, so ``verify_commits=True`` is refused.
+    #: SQL that returns the current transaction's id as text, or ``NULL`` if it wrote nothing yet;
+    #: ``None`` where the database cannot be asked afterwards what became of a transaction whose
+    #: connection was lost, so that ``verify_commits=True`` is refused.
     current_xid_sql: str | None = None
 
     def xact_status_sql(self, xid: str) -> str:
@@ -132,15 +132,15 @@ class Dialect:
         return {}
 
     def check_engine(self, engine: Any) -> None:
-        """Raise :class:`ValueError` for an engine where a unit cannot be one transaction (none here)."""
+        """Raise :class:`ValueError` for an engine where a unit cannot be one transaction; none here."""
 
     # -- stopping statements ------------------------------------------------------------------------
 
     #: Whether :meth:`cancel_statement` can stop a statement from another thread.
     stops_statements = False
 
-    def watch(self, engine: Any) -> None:
-        """Set up what this database needs on a runner's engine (once per pool); nothing by default."""
+    def prepare_engine(self, engine: Any) -> None:
+        """Set up what this database needs on a runner's engine, once per pool; nothing by default."""
 
     def statement_timeout_sql(self, timeout: float) -> str | None:
         """SQL that makes the server stop any statement of this transaction after ``timeout`` s, if any."""
@@ -151,11 +151,11 @@ class Dialect:
         return False
 
     def cancel_statement(self, dbapi_connection: Any) -> None:
-        """Ask the server to stop the statement running on ``dbapi_connection`` (from another thread)."""
+        """Ask the server to stop the statement running on ``dbapi_connection``, from another thread."""
         logger.debug("%s: no way to stop a statement from another thread", self.name)
 
     def cancel_statements(self, dbapi_connections: Sequence[Any]) -> None:
-        """Stop the statements running on ``dbapi_connections`` (a cancelled run's), one after the other."""
+        """Stop the statements of a cancelled run, running on ``dbapi_connections``, one after the other."""
         for dbapi_connection in dbapi_connections:
             self.cancel_statement(dbapi_connection)
 

@@ -1,26 +1,13 @@
 """
-MySQL and MariaDB (aiomysql, asyncmy, pymysql, mysqlclient): transient errors, lost connections,
-and stopping a statement on the server.
+MySQL and MariaDB: transient errors, lost connections, and stopping a statement on the server.
 
-A MySQL server goes on running a statement whose client went away: closing the socket of a
-cancelled or timed-out unit does not stop its ``UPDATE``.  The only way is ``KILL QUERY <id>`` from
-another connection.  So a runner on MySQL watches its engine's pool: when a connection is
-invalidated (SQLAlchemy discards a connection whose statement was interrupted, and the runner
-discards one on a failed COMMIT or rollback), its statement, if any, is killed from a short-lived
-side connection opened with the engine's own URL (pymysql, in a thread of its own, so that an
-event loop never waits for it); the statements of a cancelled run's threads are killed the same way,
-from one side connection.  A cancelled connection is never returned to the pool: the async drivers'
-protocol is left mid-reply (asyncmy#103), and SQLAlchemy invalidates it; a thread's connection is
-discarded by the runner, since a late KILL QUERY would stop whatever it ran next.
-
-An ``autocommit`` in the engine's URL is refused: SQLAlchemy passes its text to the driver, which
-takes any non-empty string as true, so ``?autocommit=false`` switches autocommit *on*, every statement
-commits by itself, and a failed unit's earlier statements stay (see :meth:`MySQL.check_engine`).
-
-The server's id of each connection is read when the connection is made: mysqlclient refuses any
-call on a connection while another thread runs a statement on it (``ProgrammingError: This
-connection is already in use from another thread``), ``thread_id()`` included, and a cancellation
-comes from another thread by definition.
+The drivers are aiomysql, asyncmy, pymysql and mysqlclient. A MySQL server goes on running a
+statement whose client went away, so a statement is stopped with ``KILL QUERY <id>`` from a
+short-lived side connection: when the pool invalidates a connection, and for a cancelled run's
+threads. The server's id of each connection is read when it is made, because mysqlclient refuses
+any call on a connection while another thread runs a statement on it. :meth:`MySQL.check_engine`
+refuses an ``autocommit`` in the engine's URL.
+``docs/how-to/mysql.md`` tells the drivers' behaviours these guard against.
 """
 
 from __future__ import annotations
@@ -146,7 +133,7 @@ class MySQL(Dialect):
         self._urls: weakref.WeakKeyDictionary[Any, URL] = weakref.WeakKeyDictionary()
         #: Each DBAPI connection's server id, read when it was made (see the module docstring).
         self._ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        self._watched: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._prepared: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
 
     def _is_lost(self, orig: BaseException) -> bool:
@@ -172,11 +159,11 @@ class MySQL(Dialect):
         )
         raise ValueError(msg)
 
-    def watch(self, engine: Engine) -> None:
+    def prepare_engine(self, engine: Engine) -> None:
         with self._lock:
-            if engine.pool in self._watched:
+            if engine.pool in self._prepared:
                 return
-            self._watched.add(engine.pool)
+            self._prepared.add(engine.pool)
         url = engine.url
 
         def on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -1,6 +1,7 @@
 """
-PostgreSQL (asyncpg, psycopg 3, psycopg2): SQLSTATEs, lost connections, statement_timeout, cancel,
-and transaction status (``verify_commits``).
+PostgreSQL: SQLSTATEs, lost connections, statement_timeout, cancel, and transaction status.
+
+The drivers are asyncpg, psycopg 3 and psycopg2; the transaction status serves ``verify_commits``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """
-Async units on AsyncSession: each worker is a native asyncio task that runs its units inline.
+The async executor: units on an ``AsyncSession``, run inline in native asyncio worker tasks.
 
-A worker is cancelled exactly once, by plain ``Task.cancel()``: anyio cancels level-triggered and
-would cancel SQLAlchemy's own clean-up of an interrupted statement again and again, so that asyncpg
-aborts the socket before its cancel request reaches the server and the statement runs on there.
-One plain cancellation lets SQLAlchemy and asyncpg stop the statement on the server and close the
-connection properly. And it is never sent at the wrong moment — each worker knows where it is:
-
-- opening a new DBAPI connection (the session connects lazily, at the unit's first statement, and
-  the pool tells the worker, see ``pool.HOOKS``): deferred until it is open (at most
-  :data:`OPENING_GRACE_S`), because a driver's connect cancelled half-way can leave a future whose
-  error nobody retrieves;
-- committing: a cancelled run lets the COMMIT finish (its outcome is then known); a unit's own
-  timeout does interrupt it (the outcome is then ``commit_unknown``);
-- closing the session: never interrupted, so the connection is rolled back and returned.
-
-A deferred cancellation takes effect at the next step: a unit that has not committed is rolled back,
-whatever it does after the cancellation (a unit that swallows ``CancelledError`` included).
+Each worker is cancelled exactly once, by ``Task.cancel()``, and never while it opens a connection,
+while a cancelled run's unit commits, or while it closes its session: such a cancellation waits for
+the next step. See "Async units: cancelled exactly once" in ``docs/explanation/architecture.md``.
 """
 
 from __future__ import annotations
@@ -25,7 +12,7 @@ import asyncio
 import contextvars
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -40,9 +27,9 @@ from .._core.pacing import Body, Worker, serve_one
 from .._core.run import Run
 from .._dialects import Dialect
 from .._errors import UnitTimeout
-from .pool import HOOKS, watch_connects
+from .pool import HOOKS, install_connect_hooks
 from .script import attempt_async
-from .verify import CommitVerifier, verified_async
+from .verify import bind_script, verified_async
 
 __all__ = ["AsyncSessionExecutor", "AsyncWorker"]
 
@@ -208,15 +195,12 @@ class AsyncSessionExecutor:
         runner: str,
         verify_commits: bool = False,
     ) -> None:
-        watch_connects(engine)
+        install_connect_hooks(engine)
         self._attempts = attempts
         self._timeout = timeout
-        if verify_commits:  # set up once: the per-unit path without it is the same as before
-            verifier = CommitVerifier(engine, dialect)
-            script = functools.partial(attempt_async, sessions, dialect, runner, verifier.xid_sql)
-            self.attempt = functools.partial(verified_async, script, verifier)
-        else:
-            self.attempt = functools.partial(attempt_async, sessions, dialect, runner, None)
+        self.attempt: Callable[[AsyncWorker, Any, int], Coroutine[Any, Any, Any]] = bind_script(
+            attempt_async, verified_async, engine, dialect, verify_commits, sessions, dialect, runner
+        )
         #: Pull one unit and attempt it, with no await between the worker and the unit but this one.
         self.serve = functools.partial(serve_one, attempts, self.attempt)
 

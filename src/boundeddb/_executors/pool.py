@@ -1,15 +1,10 @@
 """
-What the runners watch on an engine: connections checked out of its pool, and connections being opened.
+What the runners learn from an engine's pool: the peak of its checkouts, and connections being opened.
 
-- :func:`watch_pool`: the peak number of connections checked out during a run (``RunStats``),
-  counted through the pool's ``checkout``/``checkin`` events, from any thread.
-- :func:`watch_connects`: tells the worker whose task is opening a new DBAPI connection that it is,
-  and then which connection its task checked out, through :data:`HOOKS` (a context variable the
-  worker sets in its own task). A driver's connect cancelled half-way can leave futures behind
-  whose errors nobody retrieves (asyncpg's TLS probe, MagicStack/asyncpg#1211): workers defer a
-  cancellation while they open a connection. Knowing the connection without asking the session for
-  it (``await session.connection()``, one more greenlet per unit) lets the session connect lazily,
-  at the unit's first statement, as hand-written code does.
+- :func:`track_peak`: the most connections checked out at once during a run, for ``RunStats``.
+- :func:`install_connect_hooks`: the engine tells the worker whose task opens a connection that it
+  does, then which connection its task checked out, through :data:`HOOKS`. So a worker knows what
+  not to interrupt, and which connection to discard, without asking the session for it.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool, PoolProxiedConnection, QueuePool
 
-__all__ = ["HOOKS", "ConnectHooks", "Watch", "watch_connects", "watch_pool"]
+__all__ = ["HOOKS", "ConnectHooks", "PeakTracker", "install_connect_hooks", "track_peak"]
 
 
 class ConnectHooks(Protocol):
@@ -40,63 +35,63 @@ class ConnectHooks(Protocol):
 HOOKS: contextvars.ContextVar[ConnectHooks | None] = contextvars.ContextVar("boundeddb_hooks", default=None)
 
 
-class _PoolGauge:
+class _CheckoutGauge:
     """Counts connections checked out of one pool, through its events, for any thread."""
 
     def __init__(self, pool: Pool) -> None:
         self._lock = threading.Lock()
         self.current = pool.checkedout() if isinstance(pool, QueuePool) else 0
-        self._watches: set[Watch] = set()
+        self._trackers: set[PeakTracker] = set()
         event.listen(pool, "checkout", self._on_checkout)
         event.listen(pool, "checkin", self._on_checkin)
 
     def _on_checkout(self, *_: Any) -> None:
         with self._lock:
             self.current += 1
-            for watch in self._watches:
-                if self.current > watch.peak:
-                    watch.peak = self.current
+            for tracker in self._trackers:
+                if self.current > tracker.peak:
+                    tracker.peak = self.current
 
     def _on_checkin(self, *_: Any) -> None:
         with self._lock:
             self.current = max(0, self.current - 1)
 
-    def watch(self) -> Watch:
+    def tracker(self) -> PeakTracker:
         with self._lock:
-            watch = Watch(self, self.current)
-            self._watches.add(watch)
-            return watch
+            tracker = PeakTracker(self, self.current)
+            self._trackers.add(tracker)
+            return tracker
 
-    def unwatch(self, watch: Watch) -> None:
+    def drop(self, tracker: PeakTracker) -> None:
         with self._lock:
-            self._watches.discard(watch)
+            self._trackers.discard(tracker)
 
 
-class Watch:
-    """One run's view of a pool gauge: the peak since the run began (a ``ConnectionWatch``)."""
+class PeakTracker:
+    """The most connections checked out of one pool at once since a run began (a ``CheckoutPeak``)."""
 
     __slots__ = ("__weakref__", "gauge", "peak")
 
-    def __init__(self, gauge: _PoolGauge, peak: int) -> None:
+    def __init__(self, gauge: _CheckoutGauge, peak: int) -> None:
         self.gauge = gauge
         self.peak = peak
 
     def close(self) -> None:
-        self.gauge.unwatch(self)
+        self.gauge.drop(self)
 
 
-_gauges: weakref.WeakKeyDictionary[Pool, _PoolGauge] = weakref.WeakKeyDictionary()
+_gauges: weakref.WeakKeyDictionary[Pool, _CheckoutGauge] = weakref.WeakKeyDictionary()
 _connects: weakref.WeakSet[Engine] = weakref.WeakSet()
 _lock = threading.Lock()
 
 
-def watch_pool(pool: Pool) -> Watch:
+def track_peak(pool: Pool) -> PeakTracker:
     """Start recording the peak number of connections checked out of ``pool``."""
     with _lock:
         gauge = _gauges.get(pool)
         if gauge is None:
-            gauge = _gauges[pool] = _PoolGauge(pool)
-    return gauge.watch()
+            gauge = _gauges[pool] = _CheckoutGauge(pool)
+    return gauge.tracker()
 
 
 def _on_do_connect(*_: Any) -> None:
@@ -111,7 +106,7 @@ def _on_checkout(_dbapi_connection: Any, _record: Any, connection: PoolProxiedCo
         hooks.on_checkout(connection)
 
 
-def watch_connects(engine: Engine) -> None:
+def install_connect_hooks(engine: Engine) -> None:
     """Make ``engine`` call the current task's :data:`HOOKS` as it opens and checks out connections."""
     with _lock:
         if engine not in _connects:

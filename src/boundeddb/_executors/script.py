@@ -1,17 +1,10 @@
 """
-The transaction script of one attempt, as async and sync twins side by side (as httpx does).
+The transaction script of one attempt, as async and sync twins side by side.
 
-Open a session and begin its transaction; take a connection (a failure here means nothing was
-sent: safe to retry) — before the unit runs in a thread, at the unit's first statement in a task
-(the async guard hears of it from the pool); run the unit; check that it left the runner's transaction
-alone; with ``verify_commits``, read the transaction's id (``verify.py``); commit; always close
-(roll back whatever is open, return the connection, or discard it).
-
-A *guard* is told each step, and is where cancellation is decided: it may refuse to go on (a
-cancelled run, a unit past its deadline) once connected and at ``committing``, and lets nothing
-interrupt opening a connection, committing (for a cancelled run) or closing. The async guard is
-the worker task itself (``async_session.AsyncWorker``), the sync one a thread's handle
-(``threads.Handle``).
+Begin, connect, run the unit, check it left the transaction alone, read the transaction's id
+with ``verify_commits``, commit, and always close. Each step is reported to a guard, which decides
+where a cancellation or a timeout takes effect. See "The transaction script" in
+``docs/explanation/architecture.md``.
 """
 
 from __future__ import annotations
@@ -49,7 +42,7 @@ class AsyncGuard(Protocol):
 
 
 class DeadlinePassed(Exception):
-    """A sync guard refuses to commit: the unit's statement was stopped at its timeout (by a watchdog)."""
+    """A sync guard refuses to commit: the unit's statement was stopped at its timeout (``deadlines.py``)."""
 
 
 class SyncGuard(Protocol):
@@ -253,7 +246,7 @@ def attempt_sync(
         try:
             guard.committing()
         except DeadlinePassed:
-            assert timeout is not None  # only a watchdog, set up for a timeout, passes a deadline
+            assert timeout is not None  # only StatementDeadlines, set up for a timeout, passes a deadline
             raise UnitTimeout(index, timeout) from None
         try:
             session.commit()

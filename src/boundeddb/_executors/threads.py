@@ -1,30 +1,15 @@
 """
-Sync units on Session, in worker threads, under the runner's limiter.
+The thread executor: sync units on a ``Session``, in worker threads, under the runner's limiter.
 
-A worker holds a slot on the event loop and has units run in a thread. For a plain iterable in a
-batch or a submit, the thread is a *lane*: it pulls, runs and settles units itself, one after the
-other, as a ``ThreadPoolExecutor.map`` worker would, so the event loop is not a hop every unit
-waits for. A lane ends when the input runs out, when the run stops, when someone else waits for
-one of the runner's slots (it gives its slot back, so sharing the limit stays fair), or when a unit
-is to be retried (the retry backs off on the loop, without a slot). Streams and async inputs run
-one unit per trip to a thread.
-
-Nothing here touches an anyio primitive from a worker thread: a lane reads the limiter's figures
-(thread-safe) and the run's flags, and delivers outcomes to a thread-safe sink.
-
-A thread cannot be interrupted. When the run is cancelled, each worker's :class:`Handle` is
-cancelled: the statement running in it is stopped on the server (the dialect's way: psycopg's
-``cancel()``, SQLite's ``interrupt()``, MySQL's ``KILL QUERY``), and the unit is not committed
-whatever it does next — unless its COMMIT had already begun, which is left to finish. A connection
-whose statement was sent a cancellation is discarded, not returned to the pool: the request may land
-late, and would stop whatever the connection runs by then, another caller's unit. The cancellation
-propagates once every thread is done and every connection is back. A unit's ``timeout`` is kept the
-same way where the server cannot be told one (``watchdog.py``).
+For a plain iterable a thread is a lane that pulls, runs and settles units itself; otherwise each
+unit takes one trip to a thread. No worker thread touches an anyio primitive. A cancelled run stops
+the statements in flight through the dialect, never commits a unit that had not begun to, and
+discards the connections it sent a cancellation to. See "Sync units: lanes and handles" in
+``docs/explanation/architecture.md``.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import math
@@ -42,13 +27,13 @@ from sqlalchemy.orm import Session
 
 from .._core.attempts import Attempts, Retry
 from .._core.limiter import Limiter, Slot
-from .._core.pacing import Body, Worker, serve_one
-from .._core.run import REFUSED, Run
+from .._core.pacing import EXHAUSTED, MORE, RETRY, Body, Served, Worker, serve_one
+from .._core.run import END, REFUSED, Run
 from .._dialects import Dialect
 from .._outcome import Outcome
+from .deadlines import StatementDeadlines
 from .script import DeadlinePassed, attempt_sync
-from .verify import CommitVerifier, verified_sync
-from .watchdog import Watchdog
+from .verify import bind_script, verified_sync
 
 __all__ = ["Handle", "ThreadExecutor", "ThreadWorker"]
 
@@ -61,11 +46,7 @@ CANCEL_AGAIN_S = 0.1
 
 
 class Stopped(BaseException):
-    """The run was cancelled: the attempt stops here and rolls back (never reaches a unit's caller)."""
-
-
-#: What a thread returns instead of a value when its attempt was stopped.
-_STOPPED: Any = object()
+    """The run was cancelled: the attempt stops here and rolls back; never reaches a unit's caller."""
 
 
 class Handle:
@@ -74,33 +55,33 @@ class Handle:
     __slots__ = (
         "__weakref__",
         "_dbapi",
+        "_deadlines",
         "_dialect",
         "_lock",
         "_state",
         "_stopping_statement",
-        "_watchdog",
         "cancelled",
         "deadline",
         "timed_out",
     )
 
-    def __init__(self, dialect: Dialect, watchdog: Watchdog | None = None) -> None:
+    def __init__(self, dialect: Dialect, deadlines: StatementDeadlines | None = None) -> None:
         self._dialect = dialect
         self._lock = threading.Lock()
         self._state = _IDLE
         self._dbapi: Any = None
-        #: A cancellation was sent (or is on its way) to the statement of this attempt's connection.
+        #: A cancellation was sent, or is on its way, to the statement of this attempt's connection.
         self._stopping_statement = False
         self.cancelled = False
-        #: When the watchdog stops this attempt's statement (``perf_counter()``); ``inf``: never.
+        #: The ``perf_counter()`` when this attempt's statement is stopped; ``inf``: never.
         self.deadline = math.inf
-        #: The watchdog found this attempt past its deadline: it fails with UnitTimeout, never commits.
+        #: The attempt is past its deadline: it fails with UnitTimeout, never commits.
         self.timed_out = False
-        self._watchdog = watchdog
-        if watchdog is not None:
-            watchdog.adopt(self)
+        self._deadlines = deadlines
+        if deadlines is not None:
+            deadlines.adopt(self)
 
-    # -- the guard (in the worker thread) ------------------------------------------------------------
+    # -- the guard, in the worker thread ---------------------------------------------------------------
 
     def connecting(self) -> None:
         with self._lock:
@@ -113,9 +94,9 @@ class Handle:
             if self.cancelled:
                 raise Stopped
             self._state, self._dbapi = _RUNNING, dbapi_connection
-        if (watchdog := self._watchdog) is not None:
-            self.deadline = perf_counter() + watchdog.timeout
-            watchdog.wake()
+        if (deadlines := self._deadlines) is not None:
+            self.deadline = perf_counter() + deadlines.timeout
+            deadlines.wake()
 
     def committing(self) -> None:
         with self._lock:
@@ -143,7 +124,7 @@ class Handle:
     def closed(self) -> None:
         pass
 
-    # -- the run's cancellation (on the event loop) and the watchdog (in its thread) -------------------
+    # -- the run's cancellation, on the event loop, and the deadline, in the deadlines' thread -------
 
     def cancel(self) -> Any:
         """
@@ -178,10 +159,6 @@ class ThreadWorker(Worker):
         self.handle = handle
 
 
-_EXHAUSTED: Any = object()
-_YIELDED: Any = object()
-
-
 class ThreadExecutor:
     """Runs ``def unit(session: Session)`` in worker threads."""
 
@@ -200,17 +177,13 @@ class ThreadExecutor:
         self._dialect = dialect
         self._attempts = attempts
         self._limiter = limiter
-        self._script: Callable[[Handle, Any, int], Any]
-        if verify_commits:  # set up once: the per-unit path without it is the same as before
-            verifier = CommitVerifier(engine, dialect)
-            script = functools.partial(attempt_sync, sessions, dialect, timeout, verifier.xid_sql)
-            self._script = functools.partial(verified_sync, script, verifier)
-        else:
-            self._script = functools.partial(attempt_sync, sessions, dialect, timeout, None)
+        self._script: Callable[[Handle, Any, int], Any] = bind_script(
+            attempt_sync, verified_sync, engine, dialect, verify_commits, sessions, dialect, timeout
+        )
         self._max_threads = max_threads
-        #: Where the server cannot be told a statement timeout, a watchdog stops the statement itself.
-        self._watchdog = (
-            Watchdog(dialect, timeout)
+        #: Where the server cannot be told a statement timeout, a thread of ours stops the statement.
+        self._deadlines = (
+            StatementDeadlines(dialect, timeout)
             if timeout is not None
             and dialect.stops_statements
             and dialect.statement_timeout_sql(timeout) is None
@@ -237,10 +210,10 @@ class ThreadExecutor:
         return None
 
     def worker(self, slot: Slot) -> ThreadWorker:
-        return ThreadWorker(slot, Handle(self._dialect, self._watchdog))
+        return ThreadWorker(slot, Handle(self._dialect, self._deadlines))
 
     def _thread_limiter(self) -> anyio.CapacityLimiter:
-        """The runner's own CapacityLimiter on this event loop (not anyio's default of 40)."""
+        """The runner's own CapacityLimiter on this event loop, not anyio's default of 40."""
         token = anyio.lowlevel.current_token()
         if self._threads is None or self._threads[0] != token:
             self._threads = (token, anyio.CapacityLimiter(self._max_threads))
@@ -251,57 +224,52 @@ class ThreadExecutor:
     def team(self, run: Run[Any]) -> ThreadTeam:
         return ThreadTeam(run, self._dialect)
 
-    async def serve(self, run: Run[Any], worker: ThreadWorker, wait_s: float) -> bool | Retry:
+    async def serve(self, run: Run[Any], worker: ThreadWorker, wait_s: float) -> Served:
         if not run.pulls_in_threads:
             return await serve_one(self._attempts, self.attempt, run, worker, wait_s)
-        lane = await anyio.to_thread.run_sync(
-            self._lane, run, worker.handle, wait_s, limiter=self._thread_limiter()
-        )
-        if lane is _STOPPED:
-            await _cancelled()
-        return lane if lane.__class__ is Retry else lane is _YIELDED
+        try:
+            return await anyio.to_thread.run_sync(
+                self._lane, run, worker, wait_s, limiter=self._thread_limiter()
+            )
+        except Stopped:
+            pass
+        await _cancelled()
 
     async def attempt(self, worker: ThreadWorker, unit: Any, index: int) -> Any:
-        value = await anyio.to_thread.run_sync(
-            self._in_thread, worker.handle, unit, index, limiter=self._thread_limiter()
-        )
-        if value is _STOPPED:
-            await _cancelled()
-        return value
-
-    def _in_thread(self, handle: Handle, unit: Any, index: int) -> Any:
         try:
-            return self._script(handle, unit, index)
+            return await anyio.to_thread.run_sync(
+                self._script, worker.handle, unit, index, limiter=self._thread_limiter()
+            )
         except Stopped:
-            return _STOPPED
+            pass
+        await _cancelled()
 
-    def _lane(self, run: Run[Any], handle: Handle, wait_s: float) -> Any:
-        """Pull, run and settle units in this thread until the lane is to end (see the module docstring)."""
+    def _lane(self, run: Run[Any], worker: ThreadWorker, wait_s: float) -> Served:
+        """Pull, run and settle units in this thread until the lane is to end."""
         script, settle, finish = self._script, self._attempts.settle, run.finish
-        should_yield = self._limiter.should_yield
+        should_yield, handle = self._limiter.should_yield, worker.handle
         while True:
             pulled = run.pull_sync()
-            if pulled is None:
-                return _EXHAUSTED
+            if pulled is END:
+                return EXHAUSTED
             if pulled is not REFUSED:
                 unit, index = pulled
                 started = perf_counter()
                 try:
                     value = script(handle, unit, index)
-                except Stopped:
-                    return _STOPPED
                 except Exception as error:
                     settled = settle(error, index, 1, perf_counter() - started, wait_s)
                     if not isinstance(settled, Outcome):
-                        return Retry(unit, index, 2, settled, wait_s)
+                        worker.retry = Retry(unit, index, 2, settled, wait_s)
+                        return RETRY
                     finish(settled)
                 else:
                     finish(Outcome(index, value, None, perf_counter() - started, wait_s))
                 wait_s = 0.0
             if run.stopping:
-                return _EXHAUSTED
+                return EXHAUSTED
             if should_yield():
-                return _YIELDED  # someone else waits for one of the runner's slots: give ours up
+                return MORE  # someone else waits for one of the runner's slots: give ours up
 
 
 class ThreadTeam:
@@ -353,7 +321,7 @@ class ThreadTeam:
 
 
 async def _when_cancelled(callback: Callable[[], Awaitable[None]], finished: Callable[[], bool]) -> NoReturn:
-    """Sleep until cancelled; then, unless the work had finished, run ``callback`` (shielded)."""
+    """Sleep until cancelled; then, unless the work had finished, run ``callback`` shielded."""
     try:
         await anyio.sleep_forever()
     finally:

@@ -1,30 +1,24 @@
 """
 Verified commits (``verify_commits=True``): what became of a COMMIT whose connection was lost.
 
-Just before COMMIT, once the unit's pending changes are flushed, the transaction script reads the
-transaction's id on the unit's own connection (the dialect's ``current_xid_sql``; ``NULL`` for a
-unit that wrote nothing, which then needs nothing more: if its COMMIT fails, nothing of it was
-committed). If the COMMIT fails with a lost
-connection or a timeout, the attempt closes its session as always (the broken connection is
-discarded and checked in), and then — still in the unit's slot, so
-that the runner never holds more connections than its limit — a connection from the same engine
-asks the server for that transaction's status, until :data:`WAIT_S` has passed:
+Just before COMMIT, once the unit's pending changes are flushed, the script reads the transaction's
+id. If the COMMIT fails with a lost connection or a timeout, a connection from the same engine asks
+the server for that transaction's status, still within the unit's slot, until :data:`WAIT_S` has
+passed:
 
 - ``committed``: the unit succeeded (:class:`~boundeddb._core.attempts.CommitVerified`);
-- ``aborted``: the attempt failed and nothing of it was committed: the retry policy decides;
-- ``in progress`` (the COMMIT still runs on the server: a deferred trigger, a synchronous standby)
-  or no answer (the server is down or unreachable): ask again after a pause;
-- ``NULL`` (the id is older than the server's commit log: not for a COMMIT of a moment ago), or
-  still unknown when the wait is over: ``commit_unknown``, as without verification.
+- ``aborted``: the attempt failed with nothing committed, and the retry policy decides;
+- ``in progress`` or no answer: ask again after a pause;
+- ``NULL``, or still unknown when the wait is over: ``commit_unknown``, as without verification.
 
-A connection opened to ask is given a connect timeout (the dialect's ``connect_timeout_params``),
-so that a server that accepts connections but never answers cannot hold the unit past its wait.
+``docs/how-to/verify-commits.md`` says when to turn it on and what it costs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import threading
 import time
@@ -39,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .._core.attempts import CommitUnknown, CommitVerified
 from .._dialects import Dialect
 
-__all__ = ["WAIT_S", "CommitVerifier", "verified_async", "verified_sync"]
+__all__ = ["WAIT_S", "CommitVerifier", "bind_script", "verified_async", "verified_sync"]
 
 logger = logging.getLogger("boundeddb")
 
@@ -53,17 +47,17 @@ MAX_PAUSE_S = 1.0
 _CONNECT_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "boundeddb_verify_connect_timeout", default=None
 )
-_watched: weakref.WeakSet[Engine] = weakref.WeakSet()
+_timed_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 _NO_ANSWER = "no answer"
 _lock = threading.Lock()
 
 
-def _watch_connects(engine: Engine, dialect: Dialect) -> None:
+def _time_out_connects(engine: Engine, dialect: Dialect) -> None:
     """Give the connections opened to ask (and only those) the dialect's connect timeout."""
     with _lock:
-        if engine in _watched:
+        if engine in _timed_engines:
             return
-        _watched.add(engine)
+        _timed_engines.add(engine)
     driver = engine.dialect.driver
 
     def on_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
@@ -86,7 +80,7 @@ class CommitVerifier:
         #: SQL the transaction script reads the transaction's id with.
         self.xid_sql: str = dialect.current_xid_sql
         self.wait_s = WAIT_S
-        _watch_connects(engine, dialect)
+        _time_out_connects(engine, dialect)
 
     def _verdict(self, unknown: CommitUnknown, index: int, status: object) -> CommitVerified | None:
         if status == "committed":
@@ -169,6 +163,27 @@ class CommitVerifier:
                 pause = min(2 * pause, MAX_PAUSE_S)
         finally:
             _CONNECT_TIMEOUT.reset(token)
+
+
+def bind_script(
+    script: Callable[..., Any],
+    verified: Callable[..., Any],
+    engine: Engine,
+    dialect: Dialect,
+    verify_commits: bool,
+    *args: Any,
+) -> Callable[..., Any]:
+    """
+    ``script`` with its leading ``args`` bound, then the SQL that reads the transaction's id, or
+    ``None`` without ``verify_commits``; with it, wrapped by ``verified`` (``verified_async`` or
+    ``verified_sync``).
+
+    Called once per runner: without ``verify_commits`` the per-unit path is the bare script.
+    """
+    if not verify_commits:
+        return functools.partial(script, *args, None)
+    verifier = CommitVerifier(engine, dialect)
+    return functools.partial(verified, functools.partial(script, *args, verifier.xid_sql), verifier)
 
 
 async def verified_async(

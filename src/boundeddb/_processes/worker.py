@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .._core.attempts import CommitUnknown, CommitVerified
 from .._dialects import for_name
 from .._errors import UnpicklableError, WorkerLostError
-from .._executors.pool import watch_pool
+from .._executors.pool import track_peak
 from .._executors.verify import CommitVerifier
 from .._outcome import Outcome
 from .._runners.semaphore import SemaphoreRunner
@@ -392,14 +392,14 @@ class Worker:
                 data, text_ = p.dump_error(error, -1)
                 self.send((p.CALL_FAILED, call.id, data, text_))
                 return
-            watch = watch_pool(engine.pool if isinstance(engine, Engine) else engine.sync_engine.pool)
+            peaks = track_peak(engine.pool if isinstance(engine, Engine) else engine.sync_engine.pool)
             try:
                 async with contextlib.aclosing(runner.stream(call.units())) as outcomes:
                     async for outcome in outcomes:
                         call.settled(outcome)
             finally:
-                peak = watch.peak
-                watch.close()
+                peak = peaks.peak
+                peaks.close()
         except asyncio.CancelledError:
             pass  # cancelled by the parent: the units in flight were rolled back
         finally:

@@ -1,0 +1,1 @@
+"""The public runner classes, one module each, and what they share."""

@@ -10,7 +10,7 @@ from sqlalchemy.orm import sessionmaker
 
 from .._executors.async_session import AsyncSessionExecutor
 from .._outcome import Outcome, RunReport
-from .._progress import watching
+from .._progress import feedback_request
 from .._typing import AsyncUnit, ItemT, T
 from .base import BaseRunner
 from .checks import check_priority, units_of
@@ -19,28 +19,27 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 
-def check_async_sessions(sessions: object, runner: str) -> Any:
-    """Accept an ``async_sessionmaker`` (or a ``sessionmaker(class_=AsyncSession)``)."""
-    if isinstance(sessions, async_sessionmaker):
-        return sessions
-    if isinstance(sessions, sessionmaker):
-        if isinstance(sessions.class_, type) and issubclass(sessions.class_, AsyncSession):
-            return sessions
-        msg = (
-            f"{runner} runs async units and needs an async_sessionmaker, got a sync sessionmaker: "
-            "pass async_sessionmaker(create_async_engine(url)), or use ThreadOffloadRunner for "
-            "sync sessions"
-        )
-        raise TypeError(msg)
-    msg = (
-        f"sessions must be an async_sessionmaker, got {type(sessions).__name__}: "
-        "pass async_sessionmaker(create_async_engine(url))"
-    )
-    raise TypeError(msg)
-
-
 class AsyncUnitsRunner(BaseRunner):
     """The verbs of the async runners, typed for ``async def unit(session: AsyncSession) -> T``."""
+
+    def _check_sessions(self, sessions: object) -> Any:
+        """Accept an ``async_sessionmaker``, or a ``sessionmaker(class_=AsyncSession)``."""
+        if isinstance(sessions, async_sessionmaker):
+            return sessions
+        if isinstance(sessions, sessionmaker):
+            if isinstance(sessions.class_, type) and issubclass(sessions.class_, AsyncSession):
+                return sessions
+            msg = (
+                f"{type(self).__name__} runs async units and needs an async_sessionmaker, got a sync "
+                "sessionmaker: pass async_sessionmaker(create_async_engine(url)), or use "
+                "ThreadOffloadRunner for sync sessions"
+            )
+            raise TypeError(msg)
+        msg = (
+            f"sessions must be an async_sessionmaker, got {type(sessions).__name__}: "
+            "pass async_sessionmaker(create_async_engine(url))"
+        )
+        raise TypeError(msg)
 
     def _new_executor(self) -> AsyncSessionExecutor:
         return AsyncSessionExecutor(
@@ -70,19 +69,19 @@ class AsyncUnitsRunner(BaseRunner):
 
         Args:
             units: Iterable or async iterable of ``async def unit(session: AsyncSession) -> T``.
-            priority: When a slot frees, the waiting unit of the highest priority gets it (first
-                come first served within one); each unit of the run waits for its slot before it
+            priority: When a slot frees, the waiting unit of the highest priority gets it, first
+                come first served within one; each unit of the run waits for its slot before it
                 is pulled. Above 0, it may also use the runner's ``reserve``. *New in 0.2.0.*
-            progress: ``True`` shows a progress bar on stderr while the run lasts, when stderr is a
-                terminal (nothing otherwise, so logs stay clean): units done of the total (when
-                ``units`` has a length), rate, ETA, failed and retried units, and units in flight
-                against the limit. A string is the bar's label (``progress="backfill"``); a
+            progress: ``True`` shows a progress bar on stderr while the run lasts, if stderr is a
+                terminal, so that logs stay clean: units done of the total if ``units`` has a
+                length, rate, ETA, failed and retried units, and units in flight against the limit.
+                A string is the bar's label, as in ``progress="backfill"``; a
                 :class:`rich.progress.Progress` of yours gets a task instead.
-                Needs rich (``pip install 'boundeddb[progress]'``). *New in 0.2.0.*
+                Needs rich: ``pip install 'boundeddb[progress]'``. *New in 0.2.0.*
             on_outcome: Called with each unit's :class:`~boundeddb.Outcome` as it settles, in
                 completion order, on the event loop. Keep it cheap: the loop serves the units
-                meanwhile. If it raises, the run stops (no unit starts after it, those in flight
-                finish) and the call raises its exception; it is not called again.
+                meanwhile. If it raises, the run stops as a failure does with ``errors="raise"``,
+                and the call raises its exception; it is not called again.
                 *New in 0.2.0.* See :doc:`/how-to/progress`.
 
         Returns:
@@ -94,16 +93,16 @@ class AsyncUnitsRunner(BaseRunner):
                 the units in flight finish, then the units' own exceptions are raised as a group
                 holding the partial report.
             UnitMisuseError: with ``errors="raise"``, a unit was not callable, not async, or ended
-                the transaction itself; raised after in-flight units finish. (With
-                ``errors="collect"`` it is that unit's outcome; a list is checked up front either way.)
+                the transaction itself; raised after in-flight units finish. With
+                ``errors="collect"`` it is that unit's outcome. A list is checked up front either way.
 
         Cancelling the call cancels the units in flight, rolls their transactions back and returns
         their connections to the pool before the cancellation propagates: a unit in flight is never
-        committed after the cancellation, even one that swallows it (a unit whose COMMIT had begun
-        finishes it).
+        committed after the cancellation, even one that swallows it. Only a unit whose COMMIT had
+        begun finishes it.
         """
-        watch = watching(progress, on_outcome, f"{type(self).__name__}.run")
-        return await self._run_units(units, priority, watching=watch)
+        request = feedback_request(progress, on_outcome, f"{type(self).__name__}.run")
+        return await self._run_units(units, priority, request=request)
 
     async def map(
         self,
@@ -121,11 +120,11 @@ class AsyncUnitsRunner(BaseRunner):
             fn: ``async def fn(session: AsyncSession, item) -> T``.
             items: Iterable or async iterable of items, pulled lazily.
             priority: As for :meth:`run`.
-            progress: As for :meth:`run` (the total is ``len(items)``, when it has one).
+            progress: As for :meth:`run`; the total is ``len(items)``, if it has one.
             on_outcome: As for :meth:`run`.
         """
-        watch = watching(progress, on_outcome, f"{type(self).__name__}.map", items)
-        return await self._run_units(units_of(fn, items, type(self).__name__), priority, watching=watch)
+        request = feedback_request(progress, on_outcome, f"{type(self).__name__}.map", items)
+        return await self._run_units(units_of(fn, items, type(self).__name__), priority, request=request)
 
     def stream(
         self,
@@ -143,26 +142,26 @@ class AsyncUnitsRunner(BaseRunner):
         the runner starts new units slowly. Breaking out of the loop stops the stream: units in
         flight are cancelled and rolled back.
 
-        ``priority``, ``progress`` and ``on_outcome`` are as for :meth:`run` (``on_outcome`` sees
-        each outcome as it settles, before the stream yields it).
+        ``priority``, ``progress`` and ``on_outcome`` are as for :meth:`run`; ``on_outcome`` sees
+        each outcome as it settles, before the stream yields it.
 
         Raises:
             RunFailed: with ``errors="raise"``, after yielding the first failure and the units that
-                were in flight with it; its report holds only the failed outcomes (the stream keeps
-                no others).
+                were in flight with it; its report holds only the failed outcomes, since the stream
+                keeps no others.
         """
-        watch = watching(progress, on_outcome, f"{type(self).__name__}.stream")
-        return self._stream_units(units, check_priority(priority), watch)
+        request = feedback_request(progress, on_outcome, f"{type(self).__name__}.stream")
+        return self._stream_units(units, check_priority(priority), request)
 
     async def submit(self, unit: AsyncUnit[T], *, priority: int = 0) -> T:
         """
         Run one unit under the runner's shared limit and return its value.
 
-        Meant for web handlers: every concurrent :meth:`submit` (and batch) of one runner shares
+        Meant for web handlers: every concurrent :meth:`submit` and batch of one runner shares
         the same :attr:`limit`, so a burst of requests queues for a slot instead of exhausting the pool.
 
         Raises:
-            Exception: the unit's own exception, unchanged (its transaction was rolled back).
+            Exception: the unit's own exception, unchanged; its transaction was rolled back.
         """
         result: T = await self._submit_unit(unit, priority)
         return result

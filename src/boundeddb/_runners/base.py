@@ -18,27 +18,29 @@ from sqlalchemy.engine import Engine
 from .._core.adaptive import LimitController, limit_figures
 from .._core.attempts import Attempts
 from .._core.background import Background
+from .._core.feedback import Feedback
 from .._core.limiter import Limiter
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
 from .._core.run import ListSink, Run, SinkT, StreamSink, ValueSink, next_outcome
-from .._core.watch import Watch
 from .._dialects import Dialect, for_name
 from .._errors import RunnerClosedError, UnitMisuseError
-from .._executors.pool import watch_pool
+from .._executors.pool import track_peak
 from .._outcome import Outcome, RunReport
-from .._progress import Watching, open_watch
+from .._progress import FeedbackRequest, open_feedback
 from .._retry import RetryPolicy
 from .._stats import RunnerStatistics, RunStats
 from .binding import LoopBinding
 from .checks import (
     LimitPlan,
+    bound_engine,
     check_errors,
     check_priority,
     check_retry,
     check_timeout,
     check_verify_commits,
     checked_iterable,
+    resolve_limit_or_auto,
     with_reserve,
 )
 
@@ -67,23 +69,26 @@ def _describe(name: str, stats: RunnerStatistics, closed: bool) -> str:
 class BaseRunner:
     """Shared machinery; see the concrete runners for the public API."""
 
+    #: The argument that sets the limit, as messages name it (:class:`~boundeddb.ChunkedRunner`'s is
+    #: ``chunk_size``).
+    _limit_name = "limit"
+
     def __init__(
         self,
-        sessions: Any,
-        *,
-        limit: int | LimitPlan,
+        sessions: object,
+        limit: object,
         errors: object,
         retry: object,
         timeout: object,
-        engine: Engine,
-        reserve: object = 0,
-        limit_name: str = "limit",
-        verify_commits: object = False,
+        reserve: object,
+        verify_commits: object,
     ) -> None:
-        plan = limit if isinstance(limit, LimitPlan) else LimitPlan(limit, limit, limit)
-        plan = with_reserve(plan, reserve, limit_name)
-        self._sessions = sessions
-        self._engine = engine
+        """Check every argument before any database work, and build what every call shares."""
+        self._sessions = self._check_sessions(sessions)
+        self._engine = engine = bound_engine(self._sessions)
+        planned = self._plan_limit(limit, engine)
+        plan = planned if isinstance(planned, LimitPlan) else LimitPlan(planned, planned, planned)
+        plan = with_reserve(plan, reserve, self._limit_name)
         self._limiter = Limiter(plan.initial, plan.reserve)
         #: The most the limit can be: what the executor sizes itself for.
         self._max_limit = plan.high
@@ -93,13 +98,21 @@ class BaseRunner:
         self._dialect: Dialect = for_name(engine.dialect.name)
         self._verify_commits = check_verify_commits(verify_commits, self._dialect, engine.dialect.name)
         self._dialect.check_engine(engine)
-        self._dialect.watch(engine)
+        self._dialect.prepare_engine(engine)
         self._controller = _controller(plan, self._limiter, self._dialect)
         failed = self._controller.failed if self._controller is not None else None
         self._attempts = Attempts(self._retry, failed=failed)
         self._executor: Executor[Any] = self._new_executor()
         self._closed = False
         self._binding = LoopBinding(type(self).__name__)
+
+    def _check_sessions(self, sessions: object) -> Any:
+        """``sessions`` if it is the kind of sessionmaker this runner runs units on; else a TypeError."""
+        raise NotImplementedError
+
+    def _plan_limit(self, limit: object, engine: Engine) -> int | LimitPlan:
+        """The limit asked for, checked against the engine's pool: fixed, or ``"auto"``'s plan."""
+        return resolve_limit_or_auto(self._limit_name, limit, engine, type(self).__name__)
 
     def _new_executor(self) -> Executor[Any]:
         raise NotImplementedError
@@ -181,12 +194,15 @@ class BaseRunner:
         sink: SinkT,
         recorder: NullRecorder,
         *,
-        stop_on_failure: bool,
         priority: int,
+        stop_on_failure: bool | None = None,
         window: anyio.Semaphore | None = None,
-        watching: Watching | None = None,
+        request: FeedbackRequest | None = None,
     ) -> Run[SinkT]:
+        """A run of ``units``; ``stop_on_failure`` defaults to ``errors="raise"``."""
         controller = self._controller
+        if stop_on_failure is None:
+            stop_on_failure = self._errors == "raise"
         return Run(
             units,
             sink,
@@ -196,8 +212,8 @@ class BaseRunner:
             priority=priority,
             window=window,
             observe=None if controller is None else controller.observe,
-            on_outcome=None if watching is None else watching.on_outcome,
-            size=None if watching is None else watching.size,
+            on_outcome=None if request is None else request.on_outcome,
+            size=None if request is None else request.size,
         )
 
     async def _drive(
@@ -206,7 +222,7 @@ class BaseRunner:
         loop_lag: LoopLag | None = None,
         *,
         adapt: bool = True,
-        watch: Watch | None = None,
+        feedback: Feedback | None = None,
     ) -> None:
         workers = int(min(self._limiter.share(run.priority), max(1, run.size)))
         pacer = self._new_pacer(workers)
@@ -219,7 +235,7 @@ class BaseRunner:
             workers,
             loop_lag=loop_lag,
             controller=self._controller if adapt else None,
-            watch=watch,
+            feedback=feedback,
         )
 
     def _stats(self, recorder: Recorder) -> RunStats:
@@ -233,64 +249,49 @@ class BaseRunner:
         priority: object,
         *,
         measure_loop_lag: bool = True,
-        watching: Watching | None = None,
+        request: FeedbackRequest | None = None,
     ) -> RunReport[Any]:
         priority = check_priority(priority)
         units = self._checked_units(units)
         with self._bound():
-            recorder = Recorder(watch_pool(self._engine.pool))
-            watch = None
+            recorder = Recorder(track_peak(self._engine.pool))
+            feedback = None
             try:
                 sink = ListSink()
-                run = self._new_run(
-                    units,
-                    sink,
-                    recorder,
-                    stop_on_failure=self._errors == "raise",
-                    priority=priority,
-                    watching=watching,
-                )
+                run = self._new_run(units, sink, recorder, priority=priority, request=request)
                 loop_lag = recorder.loop_lag = LoopLag() if measure_loop_lag else None
-                watch = open_watch(run, recorder, self._limiter, watching, type(self).__name__)
-                await self._drive(run, loop_lag, watch=watch)
+                feedback = open_feedback(run, recorder, self._limiter, request, type(self).__name__)
+                await self._drive(run, loop_lag, feedback=feedback)
             finally:
                 try:
-                    if watch is not None:
-                        watch.close()
+                    if feedback is not None:
+                        feedback.close()
                 finally:
                     recorder.close()
         return run.report(sink.outcomes, self._stats(recorder))
 
     async def _stream_units(
-        self, units: Iterable[Any] | AsyncIterable[Any], priority: int, watching: Watching | None = None
+        self, units: Iterable[Any] | AsyncIterable[Any], priority: int, request: FeedbackRequest | None = None
     ) -> AsyncGenerator[Outcome[Any], None]:
         units = self._checked_units(units)
         with self._bound():
-            recorder = Recorder(watch_pool(self._engine.pool), keep_latencies=False)
+            recorder = Recorder(track_peak(self._engine.pool), keep_latencies=False)
             # Pulled, not consumed: at most twice the limit (an auto limit's ceiling), so O(limit).
             lookahead = 2 * (self._limiter.limit if self._controller is None else self._max_limit)
             send, receive = anyio.create_memory_object_stream[Outcome[Any]](lookahead)
             sink = StreamSink(send)
             window = anyio.Semaphore(lookahead, fast_acquire=True)  # no loop turn per unit
-            run = self._new_run(
-                units,
-                sink,
-                recorder,
-                stop_on_failure=self._errors == "raise",
-                priority=priority,
-                window=window,
-                watching=watching,
-            )
+            run = self._new_run(units, sink, recorder, priority=priority, window=window, request=request)
             loop_lag = recorder.loop_lag = LoopLag()
-            watch = open_watch(run, recorder, self._limiter, watching, type(self).__name__)
+            feedback = open_feedback(run, recorder, self._limiter, request, type(self).__name__)
 
             async def produce() -> None:
                 async with send:
                     try:
-                        await self._drive(run, loop_lag, watch=watch)
+                        await self._drive(run, loop_lag, feedback=feedback)
                     finally:
-                        if watch is not None:
-                            watch.close()
+                        if feedback is not None:
+                            feedback.close()
 
             try:
                 async with Background(produce), receive:

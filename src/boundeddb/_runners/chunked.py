@@ -9,8 +9,8 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from .._core.pacing import Chunks
 from .._retry import RetryPolicy
-from .async_units import AsyncUnitsRunner, check_async_sessions
-from .checks import ErrorsMode, bound_engine, pool_capacity, resolve_limit
+from .async_units import AsyncUnitsRunner
+from .checks import ErrorsMode, pool_capacity, resolve_limit
 
 
 @final
@@ -37,17 +37,12 @@ class ChunkedRunner(AsyncUnitsRunner):
             a priority-0 run's chunks hold ``chunk_size - reserve`` units, so a request's
             ``submit(unit, priority=1)`` finds a slot free while a bulk run saturates the rest.
             Must be less than ``chunk_size``. See :doc:`/how-to/priorities`.
-        verify_commits: On PostgreSQL (13 or later), learn what became of a unit whose COMMIT lost
-            its connection or timed out, instead of reporting it as
-            :attr:`~boundeddb.Outcome.commit_unknown` (*new in 0.2.0*). The runner reads each
-            writing unit's transaction id just before COMMIT (one more round trip per unit), and
-            after such a failure asks the server, on a fresh connection within the unit's slot,
-            whether it committed: if so the unit succeeded; if not it failed with nothing
-            committed, and a retry policy may run it again. See :doc:`/how-to/verify-commits`.
-            On other databases ``True`` is a :class:`ValueError`.
+        verify_commits: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
 
     .. versionadded:: 0.1.0
     """
+
+    _limit_name = "chunk_size"
 
     def __init__(
         self,
@@ -60,19 +55,10 @@ class ChunkedRunner(AsyncUnitsRunner):
         reserve: int = 0,
         verify_commits: bool = False,
     ) -> None:
-        sessions = check_async_sessions(sessions, "ChunkedRunner")
-        engine = bound_engine(sessions)
-        super().__init__(
-            sessions,
-            limit=resolve_limit("chunk_size", _default_chunk(chunk_size, engine), engine, "ChunkedRunner"),
-            errors=errors,
-            retry=retry,
-            timeout=timeout,
-            engine=engine,
-            reserve=reserve,
-            verify_commits=verify_commits,
-            limit_name="chunk_size",
-        )
+        super().__init__(sessions, chunk_size, errors, retry, timeout, reserve, verify_commits)
+
+    def _plan_limit(self, limit: object, engine: Engine) -> int:
+        return resolve_limit("chunk_size", _default_chunk(limit, engine), engine, "ChunkedRunner")
 
     @property
     def chunk_size(self) -> int:
@@ -87,7 +73,7 @@ class ChunkedRunner(AsyncUnitsRunner):
 DEFAULT_CHUNK_SIZE = 40
 
 
-def _default_chunk(chunk_size: int | None, engine: Engine) -> int | None:
+def _default_chunk(chunk_size: object, engine: Engine) -> object:
     if chunk_size is not None:
         return chunk_size
     capacity = pool_capacity(engine.pool)

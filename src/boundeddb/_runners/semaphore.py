@@ -8,8 +8,8 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from .._autolimit import AutoLimit
 from .._retry import RetryPolicy
-from .async_units import AsyncUnitsRunner, check_async_sessions
-from .checks import ErrorsMode, bound_engine, resolve_limit_or_auto
+from .async_units import AsyncUnitsRunner
+from .checks import ErrorsMode
 
 
 @final
@@ -40,14 +40,11 @@ class SemaphoreRunner(AsyncUnitsRunner):
             ``submit(unit, priority=1)`` finds a slot free while a bulk run saturates the rest.
             Must be less than the limit. With ``limit="auto"`` the reserve stays out of what
             moves: the limit is the moving share plus the reserve. See :doc:`/how-to/priorities`.
-        verify_commits: On PostgreSQL (13 or later), learn what became of a unit whose COMMIT lost
-            its connection or timed out, instead of reporting it as
-            :attr:`~boundeddb.Outcome.commit_unknown` (*new in 0.2.0*). The runner reads each
-            writing unit's transaction id just before COMMIT (one more round trip per unit), and
-            after such a failure asks the server, on a fresh connection within the unit's slot,
-            whether it committed: if so the unit succeeded; if not it failed with nothing
-            committed, and a retry policy may run it again. See :doc:`/how-to/verify-commits`.
-            On other databases ``True`` is a :class:`ValueError`.
+        verify_commits: On PostgreSQL 13 or later, ask the server what became of a unit whose
+            COMMIT lost its connection or timed out, rather than report it as
+            :attr:`~boundeddb.Outcome.commit_unknown` (*new in 0.2.0*). It costs one more round
+            trip per unit; :doc:`/how-to/verify-commits` says how it works. On other databases
+            ``True`` is a :class:`ValueError`.
 
     .. versionadded:: 0.1.0
     """
@@ -63,15 +60,4 @@ class SemaphoreRunner(AsyncUnitsRunner):
         reserve: int = 0,
         verify_commits: bool = False,
     ) -> None:
-        sessions = check_async_sessions(sessions, "SemaphoreRunner")
-        engine = bound_engine(sessions)
-        super().__init__(
-            sessions,
-            limit=resolve_limit_or_auto("limit", limit, engine, "SemaphoreRunner"),
-            errors=errors,
-            retry=retry,
-            timeout=timeout,
-            engine=engine,
-            reserve=reserve,
-            verify_commits=verify_commits,
-        )
+        super().__init__(sessions, limit, errors, retry, timeout, reserve, verify_commits)

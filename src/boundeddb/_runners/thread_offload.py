@@ -14,11 +14,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from .._autolimit import AutoLimit
 from .._executors.threads import ThreadExecutor
 from .._outcome import Outcome, RunReport
-from .._progress import watching
+from .._progress import feedback_request
 from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
 from .base import BaseRunner
-from .checks import BoundItem, ErrorsMode, bound_engine, check_priority, resolve_limit_or_auto, units_of
+from .checks import BoundItem, ErrorsMode, check_priority, units_of
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -27,20 +27,20 @@ if TYPE_CHECKING:
 @final
 class ThreadOffloadRunner(BaseRunner):
     """
-    Run plain sync units (``def unit(session: Session)``) in worker threads, at most ``limit`` at once.
+    Run plain sync units, ``def unit(session: Session)``, in worker threads, at most ``limit`` at once.
 
     Awaiting it from asyncio or trio never blocks the event loop: each unit runs in a worker thread
-    under the runner's own :class:`anyio.CapacityLimiter` (not anyio's process-wide default of 40).
+    under the runner's own :class:`anyio.CapacityLimiter`, not anyio's process-wide one of 40.
     Plain sync programs call :meth:`run_sync`.
     This is the shape that the "threads beat asyncio for CRUD" argument recommends: the driver and
     the ORM run in threads, with the GIL released during I/O.
 
     Args:
-        sessions: The :class:`~sqlalchemy.orm.sessionmaker` each unit's session comes from
-            (psycopg, psycopg2, pysqlite, ...); it must be bound to one engine.
-        limit: Most units (threads, connections) in flight at once; defaults to the pool's capacity.
-            ``"auto"`` (or a :class:`~boundeddb.AutoLimit`) lets the runner find it and move it
-            while it works (*new in 0.2.0*).
+        sessions: The :class:`~sqlalchemy.orm.sessionmaker` each unit's session comes from, on a
+            sync driver such as psycopg, psycopg2 or pysqlite; it must be bound to one engine.
+        limit: Most units in flight at once, so most threads and connections; defaults to the
+            pool's capacity. ``"auto"`` or an :class:`~boundeddb.AutoLimit` lets the runner find it
+            and move it while it works (*new in 0.2.0*).
         errors: ``"raise"`` or ``"collect"``, as for :class:`~boundeddb.SemaphoreRunner`.
         retry: See :class:`~boundeddb.RetryPolicy`.
         timeout: Seconds each unit attempt may take. A thread cannot be killed: on PostgreSQL the
@@ -48,25 +48,14 @@ class ThreadOffloadRunner(BaseRunner):
             slow statement; on other databases the unit runs to its end. Either way a unit that
             took longer is rolled back and fails with :class:`~boundeddb.UnitTimeout`, and its slot
             stays taken until its thread has really finished.
-        reserve: Slots of the limit granted only to calls with ``priority > 0`` (*new in 0.2.0*):
-            priority-0 work holds at most ``limit - reserve`` of them, so a request's
-            ``submit(unit, priority=1)`` finds a slot free while a bulk run saturates the rest.
-            Must be less than the limit. With ``limit="auto"`` the reserve stays out of what
-            moves: the limit is the moving share plus the reserve. See :doc:`/how-to/priorities`.
-        verify_commits: On PostgreSQL (13 or later), learn what became of a unit whose COMMIT lost
-            its connection or timed out, instead of reporting it as
-            :attr:`~boundeddb.Outcome.commit_unknown` (*new in 0.2.0*). The runner reads each
-            writing unit's transaction id just before COMMIT (one more round trip per unit), and
-            after such a failure asks the server, on a fresh connection within the unit's slot,
-            whether it committed: if so the unit succeeded; if not it failed with nothing
-            committed, and a retry policy may run it again. See :doc:`/how-to/verify-commits`.
-            On other databases ``True`` is a :class:`ValueError`.
+        reserve: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
+        verify_commits: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
 
-    Cancelling a call cancels the statements in flight (the DBAPI connection's ``cancel()``, or
-    SQLite's ``interrupt()``), waits for the threads to finish, rolls back and returns their
+    Cancelling a call cancels the statements in flight with the DBAPI connection's ``cancel()`` or
+    SQLite's ``interrupt()``, waits for the threads to finish, rolls back and returns their
     connections before the cancellation propagates. A thread cannot be stopped, so a unit that was
     running goes on until it returns; it is then rolled back, never committed, whatever it did
-    meanwhile (a unit whose COMMIT had already begun finishes it).
+    meanwhile. Only a unit whose COMMIT had already begun finishes it.
 
     .. versionadded:: 0.1.0
     .. versionchanged:: 0.2.0
@@ -84,21 +73,9 @@ class ThreadOffloadRunner(BaseRunner):
         reserve: int = 0,
         verify_commits: bool = False,
     ) -> None:
-        self._check_sessions(sessions)
-        engine = bound_engine(sessions)
-        super().__init__(
-            sessions,
-            limit=resolve_limit_or_auto("limit", limit, engine, "ThreadOffloadRunner"),
-            errors=errors,
-            retry=retry,
-            timeout=timeout,
-            engine=engine,
-            reserve=reserve,
-            verify_commits=verify_commits,
-        )
+        super().__init__(sessions, limit, errors, retry, timeout, reserve, verify_commits)
 
-    @staticmethod
-    def _check_sessions(sessions: object) -> None:
+    def _check_sessions(self, sessions: object) -> sessionmaker[Any]:
         is_async = isinstance(sessions, async_sessionmaker) or (
             isinstance(sessions, sessionmaker)
             and isinstance(sessions.class_, type)
@@ -117,6 +94,7 @@ class ThreadOffloadRunner(BaseRunner):
                 "pass sessionmaker(create_engine(url))"
             )
             raise TypeError(msg)
+        return sessions
 
     def __enter__(self) -> ThreadOffloadRunner:
         return self
@@ -125,7 +103,7 @@ class ThreadOffloadRunner(BaseRunner):
         self.close()
 
     def close(self) -> None:
-        """Refuse new work from now on (the sync twin of :meth:`aclose`)."""
+        """Refuse new work from now on: the sync twin of :meth:`aclose`."""
         self._closed = True
 
     def _new_executor(self) -> ThreadExecutor:
@@ -153,13 +131,13 @@ class ThreadOffloadRunner(BaseRunner):
         """
         Run every unit in a worker thread, each in its own session and transaction.
 
-        Behaves as :meth:`boundeddb.SemaphoreRunner.run` does (lazy input, input order, errors,
-        cancellation, ``priority``, ``progress``, ``on_outcome``), with
+        Behaves as :meth:`boundeddb.SemaphoreRunner.run` does, from its lazy input to cancellation,
+        ``priority``, ``progress`` and ``on_outcome``, with
         ``def unit(session: Session) -> T`` units; works under asyncio and trio. ``on_outcome``
         and the progress bar run on the event loop, never in the units' worker threads.
         """
-        watch = watching(progress, on_outcome, "ThreadOffloadRunner.run")
-        return await self._run_units(units, priority, watching=watch)
+        request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.run")
+        return await self._run_units(units, priority, request=request)
 
     async def map(
         self,
@@ -174,8 +152,8 @@ class ThreadOffloadRunner(BaseRunner):
         units = units_of(fn, items, "ThreadOffloadRunner")
         priority = check_priority(priority)
         self._check_now(BoundItem(fn, None), 0)  # one function for every item: check it up front
-        watch = watching(progress, on_outcome, "ThreadOffloadRunner.map", items)
-        return await self._run_units(units, priority, watching=watch)
+        request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.map", items)
+        return await self._run_units(units, priority, request=request)
 
     def stream(
         self,
@@ -189,10 +167,10 @@ class ThreadOffloadRunner(BaseRunner):
         Yield each unit's :class:`~boundeddb.Outcome` as it finishes, in O(limit) memory.
 
         As :meth:`boundeddb.SemaphoreRunner.stream`. Under trio, close the stream promptly if you
-        break out early (``async with contextlib.aclosing(runner.stream(units)) as outcomes:``).
+        break out early: ``async with contextlib.aclosing(runner.stream(units)) as outcomes:``.
         """
-        watch = watching(progress, on_outcome, "ThreadOffloadRunner.stream")
-        return self._stream_units(units, check_priority(priority), watch)
+        request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.stream")
+        return self._stream_units(units, check_priority(priority), request)
 
     async def submit(self, unit: SyncUnit[T], *, priority: int = 0) -> T:
         """
@@ -221,8 +199,8 @@ class ThreadOffloadRunner(BaseRunner):
         ``progress`` and ``on_outcome`` as for :meth:`run`: both are served in the calling thread.
 
         It runs a private event loop in the calling thread for the duration of the call.
-        Ctrl-C (:exc:`KeyboardInterrupt`) cancels the statements in flight, rolls back and returns
-        every connection before it propagates. The stats carry no loop lag (no loop of yours ran).
+        Ctrl-C, a :exc:`KeyboardInterrupt`, cancels the statements in flight, rolls back and returns
+        every connection before it propagates. The stats carry no loop lag: no loop of yours ran.
 
         Raises:
             RuntimeError: if called from async code; ``await runner.run(units)`` there instead.
@@ -237,8 +215,8 @@ class ThreadOffloadRunner(BaseRunner):
                 "use `await runner.run(units)` instead"
             )
             raise RuntimeError(msg)
-        watch = watching(progress, on_outcome, "ThreadOffloadRunner.run_sync")
+        request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.run_sync")
         report: RunReport[T] = anyio.run(
-            partial(self._run_units, units, priority, measure_loop_lag=False, watching=watch)
+            partial(self._run_units, units, priority, measure_loop_lag=False, request=request)
         )
         return report

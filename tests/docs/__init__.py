@@ -1,0 +1,1 @@
+"""The documentation's examples, run as written, and the pages' cross-references."""

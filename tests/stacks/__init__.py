@@ -1,0 +1,1 @@
+"""Particular databases, drivers and deployments: MySQL, SQLite, PgBouncer, pgserver, uvicorn."""

@@ -1,0 +1,391 @@
+"""Fault injectors and checks for tests/faults/: a backend killer, a private server, invariants."""
+
+from __future__ import annotations
+
+import collections
+import random
+import subprocess
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.from_thread
+from sqlalchemy import ForeignKey, Table, event, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+from boundeddb import Outcome, is_transient
+from tests.support.models import Item
+
+#: The runner kinds of the fault tests that need not run on every kind: one async, one thread runner.
+SMALL_CASES = [("semaphore", "asyncio"), ("threads-psycopg", "asyncio")]
+SMALL_IDS = [f"{kind}-{backend}" for kind, backend in SMALL_CASES]
+
+
+class FaultBase(DeclarativeBase):
+    """Tables of the fault tests only, so that the shared ``items`` fixture never touches them."""
+
+
+class Account(FaultBase):
+    """An account for the transfer() example; ``version`` is the optimistic-locking counter."""
+
+    __tablename__ = "fault_accounts"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    balance: Mapped[int]
+    version: Mapped[int] = mapped_column()
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012 -- SQLAlchemy's own spelling
+
+
+class Parent(FaultBase):
+    """A row with a lazy one-to-many relationship, for the "returned ORM object" misuse."""
+
+    __tablename__ = "fault_parents"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str]
+    children: Mapped[list[Child]] = relationship(lazy="select")
+
+
+class Child(FaultBase):
+    __tablename__ = "fault_children"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    parent_id: Mapped[int] = mapped_column(ForeignKey("fault_parents.id"))
+
+
+def fault_tables(*names: str) -> list[Table]:
+    """The named tables of FaultBase."""
+    return [FaultBase.metadata.tables[name] for name in names]
+
+
+class InsufficientFunds(Exception):
+    """The payer cannot pay: a business failure, rolled back and never retried."""
+
+
+# -- progress, from any thread ---------------------------------------------------------------------------
+
+
+class Progress:
+    """A thread-safe counter that other threads can wait on (``wait_for(n)``)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._condition = threading.Condition()
+
+    def add(self) -> None:
+        with self._condition:
+            self.value += 1
+            self._condition.notify_all()
+
+    def wait_for(self, n: int, timeout: float) -> bool:
+        with self._condition:
+            return self._condition.wait_for(lambda: self.value >= n, timeout)
+
+
+def inserting(is_async: bool, i: int, progress: Progress) -> Any:
+    """A unit that inserts row ``i`` (its unique key) and counts the attempt once it reached the server."""
+    if is_async:
+
+        async def unit(session: AsyncSession) -> int:
+            session.add(Item(key=f"k{i}", unit=i))
+            await session.flush()
+            progress.add()
+            return i
+
+        return unit
+
+    def sync_unit(session: Session) -> int:
+        session.add(Item(key=f"k{i}", unit=i))
+        session.flush()
+        progress.add()
+        return i
+
+    return sync_unit
+
+
+class Countdown:
+    """Sets an anyio Event once ``n`` units have called ``arrive()`` (from the loop or a worker thread)."""
+
+    def __init__(self, n: int, *, from_thread: bool) -> None:
+        self.n = n
+        self.from_thread = from_thread
+        self.count = 0
+        self._lock = threading.Lock()
+        self.event = anyio.Event()
+
+    def arrive(self) -> None:
+        with self._lock:
+            self.count += 1
+            reached = self.count == self.n
+        if reached:
+            if self.from_thread:
+                anyio.from_thread.run_sync(self.event.set)
+            else:
+                self.event.set()
+
+
+# -- the backend killer ----------------------------------------------------------------------------------
+
+
+class Killer:
+    """
+    Terminates random backends of one application_name, from its own connection, in a thread.
+
+    It starts once ``progress`` reaches ``start_at`` and stops at ``stop_at`` (or when stopped),
+    so the kills land in the middle of a run; ``every`` paces it (it is the fault, not a sync point).
+    """
+
+    def __init__(
+        self,
+        admin: Engine,
+        app: str,
+        progress: Progress,
+        *,
+        start_at: int,
+        stop_at: int,
+        every: float = 0.01,
+        seed: int = 0,
+    ) -> None:
+        self._admin = admin
+        self._app = app
+        self._progress = progress
+        self._start_at = start_at
+        self._stop_at = stop_at
+        self._every = every
+        self._rng = random.Random(seed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="killer", daemon=True)
+        self.terminated = 0
+        #: Of those, the backends that were running a COMMIT as they were picked (pg_stat_activity).
+        self.in_commit = 0
+        self.rounds = 0
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            deadline = time.monotonic() + 60
+            while not self._progress.wait_for(self._start_at, 0.1):
+                if self._stop.is_set() or time.monotonic() > deadline:
+                    return
+            # One backend at a time, sometimes all of them: kills in every phase of a unit.
+            committing = "state = 'active' AND query ILIKE 'commit%'"
+            one = text(
+                f"SELECT count(*) FILTER (WHERE killed), count(*) FILTER (WHERE killed AND committing) "
+                f"FROM (SELECT pg_terminate_backend(pid) AS killed, {committing} AS committing FROM ("
+                "SELECT pid, state, query FROM pg_stat_activity WHERE application_name = :app "
+                "AND backend_type = 'client backend' ORDER BY random() LIMIT 1) AS victims) AS kills"
+            )
+            every = text(
+                f"SELECT count(*) FILTER (WHERE killed), count(*) FILTER (WHERE killed AND committing) "
+                f"FROM (SELECT pg_terminate_backend(pid) AS killed, {committing} AS committing "
+                "FROM pg_stat_activity WHERE application_name = :app "
+                "AND backend_type = 'client backend') AS kills"
+            )
+            with self._admin.connect() as connection:
+                while not self._stop.is_set() and self._progress.value < self._stop_at:
+                    query = every if self._rng.random() < 0.1 else one
+                    killed, in_commit = connection.execute(query, {"app": self._app}).one()
+                    self.terminated += int(killed)
+                    self.in_commit += int(in_commit)
+                    self.rounds += 1
+                    self._stop.wait(self._every * self._rng.uniform(0.5, 1.5))
+        except BaseException as error:  # pragma: no cover - surfaced by stop()
+            self.error = error
+
+    def __enter__(self) -> Killer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the killer thread did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+# -- checks ----------------------------------------------------------------------------------------------
+
+
+def check_commit_invariant(outcomes: Sequence[Outcome[Any]], rows: Iterable[int], n: int) -> None:
+    """
+    The promise of a run whose every unit inserts one row with its own unique key.
+
+    Every unit has an outcome; every row belongs to a committed or a commit_unknown unit;
+    every committed unit has exactly its row; a unit that failed without ``commit_unknown``
+    left no row; no row is there twice.
+    """
+    indices = [outcome.index for outcome in outcomes]
+    assert indices == list(range(n)), f"not one outcome per unit: {len(indices)} outcomes for {n} units"
+    counts = collections.Counter(rows)
+    duplicates = sorted(unit for unit, count in counts.items() if count > 1)
+    assert duplicates == [], f"units committed twice: {duplicates[:20]}"
+    committed = {o.index for o in outcomes if o.ok}
+    unknown = {o.index for o in outcomes if o.commit_unknown}
+    failed = {o.index for o in outcomes if not o.ok and not o.commit_unknown}
+    assert committed.isdisjoint(unknown), "a unit both committed and commit_unknown"
+    strays = sorted(set(counts) - committed - unknown)
+    assert strays == [], f"rows of units that neither committed nor are commit_unknown: {strays[:20]}"
+    missing = sorted(committed - set(counts))
+    assert missing == [], f"units reported committed have no row: {missing[:20]}"
+    failed_with_rows = sorted(failed.intersection(counts))
+    assert failed_with_rows == [], (
+        f"units failed (not commit_unknown) yet have a row: {failed_with_rows[:20]}"
+    )
+    assert all(o.error is not None for o in outcomes if o.commit_unknown), "commit_unknown without an error"
+
+
+def unexpected_failures(
+    outcomes: Sequence[Outcome[Any]], *, also: Callable[[Exception], bool] = lambda error: False
+) -> list[str]:
+    """Failures other than ``commit_unknown`` or a transient error (or ``also``) whose retries ran out."""
+    return [
+        f"unit {o.index} after {o.attempts} attempt(s): {type(o.error).__qualname__}: {o.error}"
+        for o in outcomes
+        if o.error is not None and not o.commit_unknown and not is_transient(o.error) and not also(o.error)
+    ]
+
+
+def is_refused(error: BaseException) -> bool:
+    """
+    A new connection the server refused (it was down): what the drivers raise for that.
+
+    asyncpg raises the OSError itself (``FileNotFoundError`` for a unix socket whose file is gone,
+    ``ConnectionRefusedError`` over TCP); libpq (psycopg, psycopg2) an ``OperationalError``
+    without a SQLSTATE, which SQLAlchemy wraps without setting ``connection_invalidated``.
+    """
+    if isinstance(error, OSError):
+        return True
+    return (
+        isinstance(error, sa_exc.OperationalError)
+        and codes_of(error) is None
+        and any(
+            phrase in str(error.orig)
+            for phrase in ("No such file or directory", "Connection refused", "connection failed")
+        )
+    )
+
+
+class ConnectAttempts(Progress):
+    """Counts the engine's attempts to open a DBAPI connection (``do_connect``), failed ones too."""
+
+    def __init__(self, engine: Engine | AsyncEngine) -> None:
+        super().__init__()
+        sync_engine = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
+        event.listen(sync_engine, "do_connect", self._on_connect)
+
+    def _on_connect(self, *_: Any) -> None:
+        self.add()
+
+
+def codes_of(error: BaseException | None) -> str | None:
+    """The SQLSTATE of a DBAPIError, whichever driver raised it (psycopg, psycopg2, asyncpg), or None."""
+    orig = getattr(error, "orig", None)
+    for candidate in (orig, getattr(orig, "__cause__", None)):
+        for attribute in ("sqlstate", "pgcode"):
+            code = getattr(candidate, attribute, None)
+            if isinstance(code, str):
+                return code
+    return None
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``condition`` (server state) until it holds; fail with ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.02)
+
+
+def active_queries(admin: Engine, app: str, like: str) -> int:
+    """Backends of ``app`` whose current statement (still running) looks like ``like``."""
+    with admin.connect() as connection:
+        return int(
+            connection.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = :app "
+                    "AND state = 'active' AND query LIKE :like"
+                ),
+                {"app": app, "like": like},
+            ).scalar_one()
+        )
+
+
+def open_transactions(admin: Engine, app: str) -> list[tuple[int, str, str]]:
+    """(pid, state, last query) of the backends of ``app`` that sit in an open transaction."""
+    with admin.connect() as connection:
+        rows = connection.execute(
+            text(
+                "SELECT pid, state, query FROM pg_stat_activity WHERE application_name = :app "
+                "AND state LIKE 'idle in transaction%'"
+            ),
+            {"app": app},
+        )
+        return [(row.pid, row.state, row.query) for row in rows]
+
+
+def assert_no_open_transactions(admin: Engine, app: str, where: str, timeout: float = 5.0) -> None:
+    """Nothing of ``app`` idle in transaction (polled: a closed backend may linger for a moment)."""
+    deadline = time.monotonic() + timeout
+    while rows := open_transactions(admin, app):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{where}: still idle in transaction after {timeout} s: {rows}")
+        time.sleep(0.02)
+
+
+@contextmanager
+def no_warnings() -> Iterator[list[warnings.WarningMessage]]:
+    """Record every warning (even ones the library might swallow when they are errors) and fail on any."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+    messages = [f"{w.category.__name__}: {w.message}" for w in caught]
+    assert not messages, f"warnings: {messages}"
+
+
+# -- a private PostgreSQL that a test may restart --------------------------------------------------------
+
+
+class PrivateServer:
+    """An embedded PostgreSQL (the ``pgserver`` wheel) of one test's own, so it can be stopped and started."""
+
+    def __init__(self, directory: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR when run as root
+            import pgserver
+
+        self._pgserver = pgserver
+        self._server = pgserver.get_server(directory, cleanup_mode="delete")
+        info = self._server.get_postmaster_info()
+        self.socket_dir = info.socket_dir
+        self.url: URL = make_url(self._server.get_uri())
+        self.restarts = 0
+
+    def _pg_ctl(self, *args: str) -> None:
+        self._pgserver.pg_ctl(
+            ["-w", *args], pgdata=self._server.pgdata, user=self._server.system_user, timeout=30
+        )
+
+    def stop(self) -> None:
+        """``pg_ctl stop -m fast``: every session is terminated (57P01), new ones are refused."""
+        self._pg_ctl("-m", "fast", "stop")
+
+    def start(self) -> None:
+        """Start it again with the options pgserver used (unix socket only)."""
+        self._pg_ctl("-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self._server.log), "start")
+        self.restarts += 1
+
+    def cleanup(self) -> None:
+        """Stop the server (pgserver only knows the first postmaster, not a restarted one), remove it."""
+        try:
+            if (self._server.pgdata / "postmaster.pid").exists():
+                self._pg_ctl("-m", "immediate", "stop")
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):  # pragma: no cover
+            pass
+        self._server.cleanup()
