@@ -103,7 +103,7 @@ class Telemetry:
         self.duration = meter.create_histogram(
             "boundeddb.unit.duration",
             unit="s",
-            description="How long each settled unit's last attempt ran, from opening its session to closing it",
+            description="How long each unit's last attempt ran, from opening its session to closing it",
             explicit_bucket_boundaries_advisory=BUCKETS_S,
         )
         self.wait = meter.create_histogram(

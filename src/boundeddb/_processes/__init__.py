@@ -1,1 +1,1 @@
-"""ProcessRunner's two sides: the parent (fleet, call, ledger), the workers (worker), their protocol."""
+"""ProcessRunner's two sides: the parent (fleet, call, ledger), the workers (worker, worker_call), the protocol."""

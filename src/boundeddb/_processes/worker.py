@@ -9,26 +9,25 @@ import pickle
 import signal
 import socket
 import threading
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import sessionmaker
 
 from .._core.attempts import CommitUnknown, CommitVerified
 from .._dialects import for_name
-from .._errors import UnpicklableError, WorkerLostError
+from .._errors import WorkerLostError
 from .._executors.pool import track_peak
 from .._executors.verify import CommitVerifier
-from .._outcome import Outcome
 from .._runners.semaphore import SemaphoreRunner
 from .._runners.thread_offload import ThreadOffloadRunner
 from . import protocol as p
 from .protocol import Kind, WorkerConfig
+from .worker_call import Gate, WorkerCall
 
 __all__ = ["main", "serve"]
 
@@ -57,191 +56,6 @@ def _hang_up(connection: Connection) -> None:
     with contextlib.suppress(OSError), socket.socket(fileno=os.dup(connection.fileno())) as duplicate:
         duplicate.shutdown(socket.SHUT_RDWR)
     connection.close()
-
-
-class Gate:
-    """A worker's units in flight over all its calls: at most its share, and of one kind at a time."""
-
-    def __init__(self, share: int, dispose: Callable[[Kind], Awaitable[None]]) -> None:
-        self._share = share
-        self._free = share
-        self._kind: Kind | None = None
-        self._switching = False
-        self._changed = asyncio.Event()
-        self._dispose = dispose
-
-    def _blocked(self, kind: Kind) -> bool:
-        other_in_flight = kind is not self._kind and self._free < self._share
-        return self._switching or self._free == 0 or other_in_flight
-
-    async def acquire(self, kind: Kind) -> None:
-        """Take a place; before the first unit of another kind, close the other engine's connections."""
-        while self._blocked(kind):
-            self._changed.clear()
-            await self._changed.wait()
-        if kind is not self._kind:
-            old, self._kind = self._kind, kind
-            if old is not None:
-                self._switching = True
-                try:
-                    await self._dispose(old)
-                finally:
-                    self._switching = False
-                    self._changed.set()
-        self._free -= 1
-
-    def release(self, places: int = 1) -> None:
-        self._free += places
-        self._changed.set()
-
-
-def _load_item(data: bytes, index: int) -> Any:
-    try:
-        return pickle.loads(data)
-    except Exception as error:
-        msg = (
-            f"unit {index}'s item could not be unpickled in the worker process "
-            f"({type(error).__qualname__}: {error}): its class must be importable there"
-        )
-        raise UnpicklableError(msg) from None
-
-
-class _AsyncUnit:
-    """``fn(session, item)`` on an AsyncSession; its value and transaction id go to the parent first."""
-
-    __slots__ = ("_call", "_index", "_item")
-
-    def __init__(self, call: WorkerCall, index: int, item: bytes) -> None:
-        self._call, self._index, self._item = call, index, item
-
-    async def __call__(self, session: AsyncSession) -> None:
-        call, index = self._call, self._index
-        call.worker.flush()  # its STARTED, before fn does anything
-        value = await call.fn(session, _load_item(self._item, index))
-        payload = p.dump_value(value, index)
-        xid = None
-        if call.xid_sql is not None:
-            await session.flush()  # what COMMIT would send first: the id covers it
-            xid = (await session.execute(text(call.xid_sql))).scalar()
-        call.committing(index, xid, payload)
-
-
-class _SyncUnit:
-    """``fn(session, item)`` on a Session, in a worker thread; as :class:`_AsyncUnit`."""
-
-    __slots__ = ("_call", "_index", "_item")
-
-    def __init__(self, call: WorkerCall, index: int, item: bytes) -> None:
-        self._call, self._index, self._item = call, index, item
-
-    def __call__(self, session: Session) -> None:
-        call, index = self._call, self._index
-        call.worker.flush()  # its STARTED, before fn does anything
-        value = call.fn(session, _load_item(self._item, index))
-        payload = p.dump_value(value, index)
-        xid = None
-        if call.xid_sql is not None:
-            session.flush()
-            xid = session.execute(text(call.xid_sql)).scalar()
-        call.committing(index, xid, payload)
-
-
-class WorkerCall:
-    """One of the parent's calls, on this worker: the units it was handed and those it started."""
-
-    def __init__(self, worker: Worker, call: int, kind: Kind, fn: bytes) -> None:
-        self.worker = worker
-        self.id = call
-        self.kind = kind
-        self.fn_bytes = fn
-        self.fn: Any = None
-        self.xid_sql = worker.xid_sql
-        self.queue: deque[tuple[int, bytes]] = deque()
-        #: The in-process runner's index of each started unit (pull order) -> the parent's index.
-        self.order: dict[int, int] = {}
-        self._pulled = 0
-        #: Gate places held by this call's units.
-        self.held = 0
-        self.closing = False
-        self.stopping = False
-        self.running = False
-        self.task: asyncio.Task[None] | None = None
-        self._wakeup = asyncio.Event()
-
-    # -- what the parent says ---------------------------------------------------------------------
-
-    def add(self, units: Iterable[tuple[int, bytes]]) -> None:
-        if self.stopping:
-            self.worker.send((p.RETURNED, self.id, [index for index, _ in units]))
-            return
-        self.queue.extend(units)
-        self._wakeup.set()
-
-    def close(self) -> None:
-        self.closing = True
-        self._wakeup.set()
-
-    def stop(self) -> None:
-        self.stopping = True
-        self.return_queued()
-        self._wakeup.set()
-
-    def cancel(self) -> None:
-        self.stop()
-        if self.running and self.task is not None:
-            self.task.cancel()
-
-    def return_queued(self) -> None:
-        if self.queue:
-            self.worker.send((p.RETURNED, self.id, [index for index, _ in self.queue]))
-            self.queue.clear()
-
-    # -- the in-process runner's side --------------------------------------------------------------
-
-    async def units(self) -> AsyncIterator[Callable[[Any], Any]]:
-        """The units as the runner pulls them: each takes a gate place and is announced first."""
-        gate, unit = self.worker.gate, _AsyncUnit if self.kind is Kind.ASYNC else _SyncUnit
-        while True:
-            while not self.queue:
-                if self.closing or self.stopping:
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-            await gate.acquire(self.kind)
-            if not self.queue:  # stopped meanwhile
-                gate.release()
-                continue
-            index, item = self.queue.popleft()
-            self.held += 1
-            self.order[self._pulled] = index
-            self._pulled += 1
-            self.worker.post((p.STARTED, self.id, index))  # in the pipe before fn runs: see flush()
-            yield unit(self, index, item)
-
-    def committing(self, index: int, xid: Any, payload: bytes) -> None:
-        self.worker.send((p.COMMITTING, self.id, index, None if xid is None else str(xid), payload))
-
-    def settled(self, outcome: Outcome[Any]) -> None:
-        self.held -= 1
-        self.worker.gate.release()
-        index = self.order.pop(outcome.index)
-        error = outcome.error
-        data, text_ = (None, "") if error is None else p.dump_error(error, index)
-        self.worker.post(
-            (
-                p.OUTCOME,
-                self.id,
-                index,
-                outcome.latency_s,
-                outcome.wait_s,
-                outcome.attempts,
-                outcome.commit_unknown,
-                outcome.commit_verified,
-                error is not None,
-                data,
-                text_,
-            )
-        )
 
 
 class Worker:
