@@ -1,1 +1,1 @@
-"""ProcessRunner's two sides: the parent (fleet, call, ledger), the workers (worker, worker_call), the protocol."""
+"""ProcessRunner's two sides: parent (fleet, call, ledger), workers (worker, worker_call), protocol."""
