@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import importlib.util
 import random
 import subprocess
 import threading
@@ -15,6 +16,7 @@ from typing import Any
 
 import anyio
 import anyio.from_thread
+import pytest
 from sqlalchemy import ForeignKey, Table, event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine, make_url
@@ -356,6 +358,8 @@ class PrivateServer:
     """An embedded PostgreSQL (the ``pgserver`` wheel) of one test's own, so it can be stopped and started."""
 
     def __init__(self, directory: Path) -> None:
+        if importlib.util.find_spec("pgserver") is None:
+            pytest.skip("pgserver is not installed (it has no wheel for Python 3.13 and later)")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR when run as root
             import pgserver
