@@ -113,6 +113,15 @@ def peaked(peak: int, base: float = 0.002) -> Curve:
     return lambda limit: min(limit, peak) / base * min(1.0, (peak / limit) ** 0.5)
 
 
+def shared_cores(cores: int, others: int, base: float = 0.002) -> Curve:
+    """
+    Units that keep a server core busy, on ``cores`` cores that ``others`` busy processes also want:
+    the scheduler shares the cores equally among everything runnable, so L units in flight get
+    ``cores * L / (L + others)`` of them (each at most one): more units win more of the machine.
+    """
+    return lambda limit: min(limit, cores * limit / (limit + others)) / base
+
+
 # -- where the limit goes ---------------------------------------------------------------------------
 
 
@@ -191,6 +200,27 @@ def test_a_slower_database_is_not_mistaken_for_overload() -> None:
     slow["factor"] = 2.0
     system.run(200)
     assert before == system.home() == 6
+
+
+@pytest.mark.parametrize(("others", "low", "high"), [(0, 2, 3), (2, 8, 12), (8, 20, 24)])
+def test_beside_busy_processes_the_limit_rises_only_as_far_as_more_units_win_more_of_the_cores(
+    others: int, low: int, high: int
+) -> None:
+    """
+    Server-bound units on 2 cores: alone, the knee is at 2; beside busy processes more units in flight
+    really do get more of the cores (what tests/test_auto_limit.py's real-server test met on a busy
+    machine, where it ended at 16 of a pool of 24, and benchmarks/client_load.py measures), so the
+    limit goes higher, and every rise of the limit it holds is a gain of more than GAIN: no drift.
+    """
+    curve = shared_cores(2, others)
+    system = System(curve, initial=4, high=24)
+    homes = []
+    for _ in range(250):
+        system.step()
+        homes.append(system.home())
+    assert low <= system.home() <= high, sorted(set(homes))
+    rises = [(a, b) for a, b in itertools.pairwise(homes) if b > a]
+    assert all(curve(b) > (1 + adaptive.GAIN) * curve(a) for a, b in rises), rises
 
 
 def test_a_neighbour_that_moves_the_knee_is_followed_down_and_back_up() -> None:
