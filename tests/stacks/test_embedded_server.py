@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -9,7 +10,13 @@ import textwrap
 
 import pytest
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("pgserver") is None,
+        reason="pgserver is not installed (it has no wheel for Python 3.13 and later)",
+    ),
+]
 
 
 def test_the_embedded_fallback_starts_cleanly_with_warnings_as_errors() -> None:

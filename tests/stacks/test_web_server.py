@@ -105,8 +105,13 @@ def test_the_web_how_to_app_under_uvicorn_with_uvloop_and_httptools(
             statuses, pings, states = asyncio.run(load(f"http://127.0.0.1:{port}"))
         assert statuses == [200] * SLOW_REQUESTS
         assert len(pings) >= 5, "the slow requests finished before /ping was asked"
-        # The loop was never held: a sync unit on it would block /ping for a whole unit.
-        assert max(pings) < SLOW_S, f"/ping took {max(pings):.3f} s while units of {SLOW_S} s ran"
+        # The loop was never held: a sync unit on it would block /ping for a whole unit, nearly every
+        # time. The median and p90 say so; the slowest ping measures the machine when other
+        # processes want its cores (the server's and this client's loops wait for one then).
+        ranked = sorted(pings)
+        p50, p90 = ranked[len(ranked) // 2], ranked[int(0.9 * (len(ranked) - 1))]
+        assert p50 < SLOW_S / 4, f"/ping took {p50:.3f} s (median) while units of {SLOW_S} s ran"
+        assert p90 < SLOW_S, f"/ping took {p90:.3f} s (p90) while units of {SLOW_S} s ran: {ranked[-5:]}"
         assert max(s["in_flight"] for s in states) == LIMIT  # the burst filled the runner ...
         assert all(s["in_flight"] <= s["limit"] == LIMIT for s in states)  # ... and never more
         assert 1 <= sampler.peak <= LIMIT, f"{sampler.peak} connections for a runner of {LIMIT}"

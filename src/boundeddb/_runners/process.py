@@ -163,7 +163,7 @@ class ProcessRunner:
     have been sent), the units it had been handed but not started run on other workers, and a new
     worker takes its place.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     def __init__(
