@@ -99,4 +99,8 @@ nitpick_ignore = [
     ("py:class", "boundeddb._typevars.T"),
     ("py:class", "boundeddb._typevars.ItemT"),
     ("py:class", "T"),
+    # boundeddb.instrument()'s parameters: OpenTelemetry's provider interfaces, imported for type
+    # checkers only (opentelemetry-api is an optional dependency), so Sphinx sees the bare names.
+    ("py:class", "MeterProvider"),
+    ("py:class", "TracerProvider"),
 ]

@@ -37,6 +37,7 @@ from ._runners.process import ProcessRunner
 from ._runners.semaphore import SemaphoreRunner
 from ._runners.thread_offload import ThreadOffloadRunner
 from ._stats import RunnerStatistics, RunStats
+from ._telemetry import instrument, uninstrument
 
 try:
     __version__ = _version("boundeddb")
@@ -64,8 +65,10 @@ __all__ = [
     "WorkerLostError",
     "WorkerStartError",
     "__version__",
+    "instrument",
     "is_transient",
     "pgbouncer_engine_options",
+    "uninstrument",
 ]
 
 # Public paths in reprs, tracebacks, pickles and Sphinx (as trio and httpx do).

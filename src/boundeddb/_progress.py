@@ -7,6 +7,7 @@ a progress bar, so a runner costs nothing more without it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -19,12 +20,52 @@ from ._outcome import Outcome
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-__all__ = ["FeedbackRequest", "check_on_outcome", "feedback_request", "open_display", "open_feedback"]
+__all__ = [
+    "FeedbackRequest",
+    "both_hooks",
+    "check_on_outcome",
+    "feedback_request",
+    "open_display",
+    "open_feedback",
+    "runner_hook",
+]
+
+logger = logging.getLogger("boundeddb.hooks")
 
 _MISSING_RICH = (
     "progress=True draws its bar with rich, an optional dependency: install it with "
     "`pip install 'boundeddb[progress]'` (or `pip install rich`), or leave progress off"
 )
+
+
+def runner_hook(hook: Callable[[Outcome[Any]], object] | None) -> Callable[[Outcome[Any]], None] | None:
+    """A runner's ``on_outcome``: what it raises is logged and ignored (a metrics bug fails no unit)."""
+    if hook is None:
+        return None
+
+    def call(outcome: Outcome[Any]) -> None:
+        try:
+            hook(outcome)
+        except Exception:
+            logger.warning("the runner's on_outcome raised at unit %d: ignored", outcome.index, exc_info=True)
+
+    return call
+
+
+def both_hooks(
+    runner: Callable[[Outcome[Any]], None] | None, call: Callable[[Outcome[Any]], object] | None
+) -> Callable[[Outcome[Any]], object] | None:
+    """The runner's ``on_outcome``, then the call's: one hook for the run (None if neither)."""
+    if runner is None:
+        return call
+    if call is None:
+        return runner
+
+    def both(outcome: Outcome[Any]) -> object:
+        runner(outcome)
+        return call(outcome)
+
+    return both
 
 
 def check_on_outcome(on_outcome: object) -> Callable[[Any], object] | None:
@@ -113,9 +154,10 @@ def feedback_request(
 def open_feedback(
     run: Run[Any], recorder: NullRecorder, limiter: Limiter, request: FeedbackRequest | None, runner: str
 ) -> Feedback | None:
-    """What serves ``request`` beside ``run``'s workers, its display started; None if nothing was asked."""
+    """What serves ``request`` (and the runner's hook) beside ``run``'s workers; None if nothing is asked."""
     if request is None or not request.asked:
-        return None
+        # The runner's on_outcome alone: served beside the workers (threads queue their outcomes).
+        return None if run.hook is None else Feedback(run.hook, None, recorder, limiter, run.size)
     display = open_display(request.progress, request.description or runner, run.size)
     if display is None and run.hook is None:
         return None  # a bar on a stderr that is not a terminal: nothing to serve

@@ -50,6 +50,11 @@ class RetryPolicy:
         jitter: Randomise each delay within its upper half.
         retry_on: Which exceptions to retry; defaults to :func:`is_transient`.
             Pass your own predicate to widen or narrow it.
+        on_retry: Called as ``on_retry(error, attempt, delay)`` before each back-off, with the failed
+            attempt's exception, its number (1 for the first) and the seconds to wait: count or
+            log retries your own way. It runs where the unit ran (a worker thread, for
+            :class:`~boundeddb.ThreadOffloadRunner`); what it raises is logged and ignored.
+            See :doc:`/how-to/observe`. *New in 0.2.0.*
 
     .. versionadded:: 0.1.0
     """
@@ -60,6 +65,7 @@ class RetryPolicy:
     multiplier: float = 2.0
     jitter: bool = True
     retry_on: Callable[[Exception], bool] = is_transient
+    on_retry: Callable[[Exception, int, float], object] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
@@ -76,6 +82,13 @@ class RetryPolicy:
             msg = (
                 f"retry_on must be a callable taking the exception and returning a bool, "
                 f"got {self.retry_on!r}"
+            )
+            raise TypeError(msg)
+        on_retry: object = self.on_retry
+        if on_retry is not None and not callable(on_retry):
+            msg = (
+                f"on_retry must be None or a callable taking (error, attempt, delay), got {self.on_retry!r}: "
+                "pass e.g. on_retry=lambda error, attempt, delay: retries.inc()"
             )
             raise TypeError(msg)
 

@@ -77,8 +77,9 @@ class RunnerStatistics:
     """
     What a runner holds and what waits for it, at the moment of :meth:`~boundeddb.SemaphoreRunner.statistics`.
 
-    Across all the runner's calls (batches, streams, submits). Taken under the runner's lock in
-    a few microseconds: cheap enough for a metrics endpoint or a gauge callback.
+    Across all the runner's calls (batches, streams, submits): the state now, and counters since the
+    runner was made (they only grow: a scraper turns them into rates). Taken in a few microseconds:
+    cheap enough for a metrics endpoint or a gauge callback; see :doc:`/how-to/observe`.
 
     .. versionadded:: 0.2.0
     """
@@ -95,6 +96,27 @@ class RunnerStatistics:
     waiting_by_priority: Mapping[int, int]
     #: ``in_flight`` by priority; priorities with nothing in flight are left out.
     in_flight_by_priority: Mapping[int, int]
+    #: Units of the runner that succeeded since it was made: every call's, ``submit()``'s included.
+    #:
+    #: .. versionadded:: 0.2.0
+    succeeded: int = 0
+    #: Units that failed since the runner was made.
+    #:
+    #: .. versionadded:: 0.2.0
+    failed: int = 0
+    #: Of the failed units, those whose COMMIT's fate is unknown (``commit_unknown``).
+    #:
+    #: .. versionadded:: 0.2.0
+    commit_unknown: int = 0
+    #: Attempts that failed and were tried again, since the runner was made.
+    #:
+    #: .. versionadded:: 0.2.0
+    retried: int = 0
+    #: Seconds that settled units waited for a slot, in all: over a scrape interval, divided by the
+    #: units settled in it, the mean wait.
+    #:
+    #: .. versionadded:: 0.2.0
+    slot_wait_s: float = 0.0
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:

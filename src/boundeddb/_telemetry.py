@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._outcome import Outcome
@@ -17,13 +18,32 @@ if TYPE_CHECKING:
 
     from ._stats import RunnerStatistics
 
-__all__ = ["CallTelemetry", "Telemetry", "active", "instrument", "register", "uninstrument"]
+__all__ = [
+    "CallTelemetry",
+    "Telemetry",
+    "active",
+    "attached",
+    "instrument",
+    "labels",
+    "register",
+    "uninstrument",
+]
 
 #: Seconds: bucket boundaries for unit durations and slot waits (1 ms to 1 min, roughly x2.5 apart).
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 _lock = threading.Lock()
 _active: Telemetry | None = None
+
+
+def _version() -> str:
+    """The installed boundeddb's version, for the instrumentation scope."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("boundeddb")
+    except PackageNotFoundError:  # pragma: no cover - a source tree without metadata
+        return "0.0.0"
 
 
 class Observed(Protocol):
@@ -33,13 +53,18 @@ class Observed(Protocol):
 
 
 #: Every runner made (and not yet collected), with its attributes: the gauges read them.
-_runners: weakref.WeakKeyDictionary[Observed, dict[str, str]] = weakref.WeakKeyDictionary()
+_runners: weakref.WeakKeyDictionary[Observed, Mapping[str, str]] = weakref.WeakKeyDictionary()
 
 
-def register(runner: Observed, db_system: str) -> None:
-    """Let the gauges see ``runner`` (called once per runner, instrumented or not)."""
+def labels(runner: str, db_system: str) -> dict[str, str]:
+    """The attributes of a runner's metrics and spans."""
+    return {"boundeddb.runner": runner, "db.system": db_system}
+
+
+def register(runner: Observed, attributes: Mapping[str, str]) -> None:
+    """Let the gauges see ``runner`` (once per runner, instrumented or not: no per-unit cost)."""
     with _lock:
-        _runners[runner] = {"boundeddb.runner": type(runner).__name__, "db.system": db_system}
+        _runners[runner] = attributes
 
 
 def active() -> Telemetry | None:
@@ -95,11 +120,10 @@ class Telemetry:
         from opentelemetry import metrics as otel_metrics
         from opentelemetry import trace
 
-        from . import __version__
-
         self.metrics = metrics
-        meter = (meter_provider or otel_metrics.get_meter_provider()).get_meter("boundeddb", __version__)
-        self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("boundeddb", __version__)
+        version = _version()
+        meter = (meter_provider or otel_metrics.get_meter_provider()).get_meter("boundeddb", version)
+        self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("boundeddb", version)
         self.duration = meter.create_histogram(
             "boundeddb.unit.duration",
             unit="s",
@@ -149,59 +173,113 @@ class Telemetry:
 
         return observe
 
-    def call(self, runner: str, db_system: str, *, is_async: bool) -> CallTelemetry:
+    def retried(self, attributes: Mapping[str, str]) -> None:
+        """An attempt failed and the unit will run again."""
+        if self.metrics:
+            self.retries.add(1, attributes)
+
+    def call(
+        self, attributes: Mapping[str, str], *, priority: int = 0, is_async: bool, spans: bool = True
+    ) -> CallTelemetry:
         """What records the units of one call, their spans children of the span current now."""
-        return CallTelemetry(self, runner, db_system, is_async=is_async)
+        return CallTelemetry(self, attributes, priority=priority, is_async=is_async, spans=spans)
+
+    @staticmethod
+    def carrier() -> dict[str, str]:
+        """The current context, for another process (W3C trace context): see :func:`attached`."""
+        from opentelemetry import propagate
+
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        return carrier
+
+
+@contextlib.contextmanager
+def attached(carrier: Mapping[str, str] | None) -> Iterator[None]:
+    """
+    In a ProcessRunner's worker: the caller's context, from ``carrier``, is the current one, and the
+    runner's units make spans (exported by this process's tracer provider; its metrics are the caller's).
+    """
+    if carrier is None:
+        yield
+        return
+    global _active
+    from opentelemetry import context, propagate
+
+    with _lock:
+        if _active is None:
+            _active = Telemetry(None, None, metrics=False)
+    token = context.attach(propagate.extract(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 class CallTelemetry:
     """One call's units: a span each (current while the unit runs), and their metrics as they settle."""
 
-    def __init__(self, telemetry: Telemetry, runner: str, db_system: str, *, is_async: bool) -> None:
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        attributes: Mapping[str, str],
+        *,
+        priority: int,
+        is_async: bool,
+        spans: bool = True,
+    ) -> None:
         from opentelemetry import context
 
         self._telemetry = telemetry
         self._parent: Context = context.get_current()
         self._is_async = is_async
-        self._attributes = {"boundeddb.runner": runner, "db.system": db_system}
+        self._attributes = attributes
+        self._wait_attributes: dict[str, str | int] = {**attributes, "boundeddb.priority": priority}
         self._spans: dict[int, Span] = {}
+        #: Whether units get spans here (not in a ProcessRunner's parent: its workers make them).
+        self._traced = spans
 
-    def _span(self, index: int) -> Span:
-        span = self._spans.get(index)
-        if span is None:
-            span = self._spans[index] = self._telemetry.tracer.start_span(
-                "boundeddb.unit", self._parent, attributes={**self._attributes, "boundeddb.unit.index": index}
-            )
+    def _start(self, index: int) -> Span:
+        span = self._spans[index] = self._telemetry.tracer.start_span(
+            "boundeddb.unit", self._parent, attributes={**self._attributes, "boundeddb.unit.index": index}
+        )
         return span
 
     def wrap(self, unit: Any, index: int) -> Any:
         """``unit`` with its span current while it runs (so statement spans are its children)."""
         from opentelemetry import trace
 
-        return _Traced(unit, trace.set_span_in_context(self._span(index), self._parent), self._is_async)
+        return _Traced(unit, trace.set_span_in_context(self._start(index), self._parent), self._is_async)
 
-    def retried(self) -> None:
-        if self._telemetry.metrics:
-            self._telemetry.retries.add(1, self._attributes)
-
-    def settled(self, outcome: Outcome[Any], priority: int = 0) -> None:
+    def settled(self, outcome: Outcome[Any]) -> None:
         """Record ``outcome`` and end its unit's span (from any thread)."""
         from opentelemetry.trace import Status, StatusCode
 
         telemetry = self._telemetry
-        kind = "ok" if outcome.error is None else "commit_unknown" if outcome.commit_unknown else "error"
+        error = outcome.error
+        kind = "ok" if error is None else "commit_unknown" if outcome.commit_unknown else "error"
         if telemetry.metrics:
             telemetry.duration.record(outcome.latency_s, {**self._attributes, "boundeddb.outcome": kind})
-            telemetry.wait.record(outcome.wait_s, {**self._attributes, "boundeddb.priority": priority})
-        span = self._spans.pop(outcome.index, None) or self._span(outcome.index)
-        self._spans.pop(outcome.index, None)
-        span.set_attribute("boundeddb.unit.attempts", outcome.attempts)
-        span.set_attribute("boundeddb.unit.wait", outcome.wait_s)
-        span.set_attribute("boundeddb.commit_unknown", outcome.commit_unknown)
-        span.set_attribute("boundeddb.outcome", kind)
-        if outcome.error is not None:
-            span.record_exception(outcome.error)
-            span.set_status(Status(StatusCode.ERROR, type(outcome.error).__qualname__))
+            telemetry.wait.record(outcome.wait_s, self._wait_attributes)
+        if not self._traced:
+            if outcome.attempts > 1 and telemetry.metrics:  # its retries were in another process
+                telemetry.retries.add(outcome.attempts - 1, self._attributes)
+            return
+        span = self._spans.pop(outcome.index, None)
+        if span is None:  # settled before it ran: refused
+            span = self._start(outcome.index)
+            del self._spans[outcome.index]
+        span.set_attributes(
+            {
+                "boundeddb.unit.attempts": outcome.attempts,
+                "boundeddb.unit.wait": outcome.wait_s,
+                "boundeddb.commit_unknown": outcome.commit_unknown,
+                "boundeddb.outcome": kind,
+            }
+        )
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
         span.end()
 
 

@@ -265,3 +265,20 @@ async def across_processes() -> None:
         assert_type(lost, WorkerLostError)
     except (WorkerStartError, UnpicklableError):
         pass
+
+
+async def observed(seen: list[Outcome[Any]]) -> None:
+    boundeddb.instrument()
+    boundeddb.instrument(meter_provider=None, tracer_provider=None)
+    runner = SemaphoreRunner(async_sessions, limit=4, on_outcome=seen.append)
+    threads = ThreadOffloadRunner(sync_sessions, limit=4, on_outcome=lambda outcome: None)
+    assert_type(await runner.submit(unit, on_outcome=lambda outcome: None), int)
+    assert_type(await threads.submit(sync_unit, on_outcome=print), str)
+    stats = runner.statistics()
+    assert_type(stats.succeeded, int)
+    assert_type(stats.commit_unknown, int)
+    assert_type(stats.slot_wait_s, float)
+    RetryPolicy(on_retry=lambda error, attempt, delay: None)
+    RetryPolicy(on_retry=3)  # type: ignore[arg-type]
+    boundeddb.instrument(3)  # type: ignore[call-arg, arg-type]
+    boundeddb.uninstrument()

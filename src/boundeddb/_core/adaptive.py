@@ -20,7 +20,7 @@ from .windows import Windows
 
 __all__ = ["LimitController", "LimitTrace", "limit_figures"]
 
-logger = logging.getLogger("boundeddb")
+logger = logging.getLogger("boundeddb.limit")
 
 #: Windows at the limit before the first look up / down in a cruise ...
 FIRST_WAIT_UP, FIRST_WAIT_DOWN = 2, 1

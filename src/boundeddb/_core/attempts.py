@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from time import perf_counter
 from typing import Any, Protocol, TypeVar
 
@@ -18,6 +18,7 @@ import anyio
 
 from .._errors import UnitMisuseError
 from .._outcome import Outcome
+from .._telemetry import active
 from .limiter import Slot
 from .recorder import NullRecorder
 
@@ -31,7 +32,7 @@ __all__ = [
     "UnitMisuse",
 ]
 
-logger = logging.getLogger("boundeddb")
+logger = logging.getLogger("boundeddb.retry")
 
 WorkerT = TypeVar("WorkerT")
 
@@ -88,6 +89,9 @@ class RetryRule(Protocol):
     @property
     def attempts(self) -> int: ...
 
+    @property
+    def on_retry(self) -> Callable[[Exception, int, float], object] | None: ...
+
     def should_retry(self, error: Exception, attempt: int) -> bool: ...
 
     def delay(self, attempt: int) -> float: ...
@@ -106,6 +110,11 @@ class Retry:
     wait_s: float
 
 
+def _fields(index: int, attempt: int, error: str) -> dict[str, object]:
+    """A retry log record's ``extra``: what structured handlers index by."""
+    return {"unit": index, "attempt": attempt, "error": error}
+
+
 #: One attempt of ``unit``, number ``index``, by ``worker``: its value, or it raises.
 AttemptFn = Callable[[WorkerT, Any, int], Awaitable[Any]]
 
@@ -113,13 +122,21 @@ AttemptFn = Callable[[WorkerT, Any, int], Awaitable[Any]]
 class Attempts:
     """The retry rule of a runner, applied to each failed attempt."""
 
-    __slots__ = ("_failed", "_retry")
+    __slots__ = ("_failed", "_labels", "_retry")
 
-    def __init__(self, retry: RetryRule, *, failed: Callable[[Exception, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        retry: RetryRule,
+        *,
+        failed: Callable[[Exception, float], None] | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
         self._retry = retry
         #: With an auto limit: told each failed attempt's own error and how long it ran (the
         #: controller looks for overload).
         self._failed = failed
+        #: The runner's attributes for the retries counter (``boundeddb.instrument()``).
+        self._labels = labels or {}
 
     def settle(
         self, error: Exception, index: int, attempt: int, latency_s: float, wait_s: float
@@ -150,18 +167,35 @@ class Attempts:
             retry = attempt < self._retry.attempts
         else:
             retry = self._retry.should_retry(error, attempt)
+        name = type(shown).__qualname__
         if not retry:
-            logger.debug("unit %d failed after %d attempt(s): %s", index, attempt, type(shown).__qualname__)
+            level = logging.WARNING if attempt > 1 else logging.DEBUG  # a unit whose retries ran out: once
+            fields = _fields(index, attempt, name)
+            logger.log(level, "unit %d failed after %d attempt(s): %s", index, attempt, name, extra=fields)
             return Outcome(index, None, shown, latency_s, wait_s, attempt, commit_verified=verified)
         delay = self._retry.delay(attempt)
-        logger.warning(
+        logger.debug(
             "unit %d attempt %d failed with %s; retrying in %.3f s",
             index,
             attempt,
-            type(shown).__qualname__,
+            name,
             delay,
+            extra={**_fields(index, attempt, name), "delay": delay},
         )
+        self._tell_retry(shown, attempt, delay)
         return delay
+
+    def _tell_retry(self, error: Exception, attempt: int, delay: float) -> None:
+        """The policy's ``on_retry`` and the retries counter, told of a retry (not the per-unit path)."""
+        hook = self._retry.on_retry
+        if hook is not None:
+            try:
+                hook(error, attempt, delay)
+            except Exception as raised:
+                logger.warning("on_retry raised %s: ignored", type(raised).__qualname__, exc_info=True)
+        telemetry = active()
+        if telemetry is not None:
+            telemetry.retried(self._labels)
 
     async def rest(
         self,

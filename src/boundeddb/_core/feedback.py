@@ -25,7 +25,7 @@ from .recorder import NullRecorder, Recorder
 
 __all__ = ["DISPLAY_INTERVAL_S", "DRAIN_INTERVAL_S", "Display", "Feedback", "Figures", "OutcomeHook"]
 
-logger = logging.getLogger("boundeddb")
+logger = logging.getLogger("boundeddb.hooks")
 
 #: How often outcomes settled in worker threads are handed to the hook, in seconds.
 DRAIN_INTERVAL_S = 0.01

@@ -12,7 +12,7 @@ import anyio
 from .._outcome import Outcome
 from .._stats import RunStats, percentile
 
-__all__ = ["CheckoutPeak", "LoopLag", "NullRecorder", "Recorder"]
+__all__ = ["CheckoutPeak", "LoopLag", "NullRecorder", "Recorder", "Totals"]
 
 #: How often the loop-lag ticker asks to be woken, in seconds.
 LOOP_LAG_INTERVAL_S = 0.005
@@ -76,6 +76,7 @@ class Recorder(NullRecorder):
     __slots__ = (
         "_lock",
         "checkouts",
+        "commit_unknown",
         "commits_verified",
         "failed",
         "in_flight",
@@ -87,6 +88,7 @@ class Recorder(NullRecorder):
         "started",
         "submitted",
         "succeeded",
+        "wait_s",
     )
 
     def __init__(self, checkouts: CheckoutPeak, *, keep_latencies: bool = True) -> None:
@@ -95,6 +97,8 @@ class Recorder(NullRecorder):
         self.failed = 0
         self.retried = 0
         self.commits_verified = 0
+        self.commit_unknown = 0
+        self.wait_s = 0.0
         self.in_flight = 0
         self.peak_in_flight = 0
         self.keep_latencies = keep_latencies
@@ -115,10 +119,13 @@ class Recorder(NullRecorder):
         with self._lock:
             self.in_flight -= 1
             self.retried += max(0, outcome.attempts - 1)
+            self.wait_s += outcome.wait_s
             if outcome.error is None:
                 self.succeeded += 1
             else:
                 self.failed += 1
+                if outcome.commit_unknown:
+                    self.commit_unknown += 1
             if outcome.commit_verified:
                 self.commits_verified += 1
             if self.keep_latencies:
@@ -164,3 +171,61 @@ class Recorder(NullRecorder):
             commits_verified=self.commits_verified,
             **limits,
         )
+
+
+class Totals:
+    """A runner's counters since it was made: its finished runs' and submits', and its live runs'."""
+
+    __slots__ = ("_live", "_lock", "commit_unknown", "failed", "retried", "succeeded", "wait_s")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[Recorder] = set()
+        self.succeeded = self.failed = self.commit_unknown = self.retried = 0
+        self.wait_s = 0.0
+
+    def follow(self, recorder: Recorder) -> None:
+        """Count ``recorder``'s run while it lasts (then :meth:`merge` it)."""
+        with self._lock:
+            self._live.add(recorder)
+
+    def merge(self, recorder: Recorder) -> None:
+        """A run is over: keep its counts, stop following it."""
+        with self._lock, recorder._lock:
+            self._live.discard(recorder)
+            self._add(
+                recorder.succeeded,
+                recorder.failed,
+                recorder.commit_unknown,
+                recorder.retried,
+                recorder.wait_s,
+            )
+
+    def add(self, outcome: Outcome[object]) -> None:
+        """One unit settled outside any recorded run (``submit()``)."""
+        failed = outcome.error is not None
+        with self._lock:
+            self._add(
+                not failed, failed, outcome.commit_unknown, max(0, outcome.attempts - 1), outcome.wait_s
+            )
+
+    def _add(self, succeeded: int, failed: int, commit_unknown: int, retried: int, wait_s: float) -> None:
+        self.succeeded += succeeded
+        self.failed += failed
+        self.commit_unknown += commit_unknown
+        self.retried += retried
+        self.wait_s += wait_s
+
+    def figures(self) -> dict[str, Any]:
+        """The :class:`~boundeddb.RunnerStatistics` counter fields, live runs included."""
+        with self._lock:
+            figures = [self.succeeded, self.failed, self.commit_unknown, self.retried, self.wait_s]
+            for recorder in self._live:
+                with recorder._lock:
+                    live = (recorder.succeeded, recorder.failed, recorder.commit_unknown)
+                    figures = [
+                        a + b
+                        for a, b in zip(figures, (*live, recorder.retried, recorder.wait_s), strict=True)
+                    ]
+        names = ("succeeded", "failed", "commit_unknown", "retried", "slot_wait_s")
+        return dict(zip(names, figures, strict=True))

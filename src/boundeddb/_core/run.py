@@ -21,6 +21,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from .._errors import RunFailed, UnitMisuseError
 from .._outcome import Outcome, RunReport
 from .._stats import RunStats
+from .._telemetry import CallTelemetry
 from .feedback import OutcomeHook
 from .recorder import NullRecorder
 
@@ -152,20 +153,19 @@ class Run(Generic[SinkT]):
         observe: Callable[[float], None] | None = None,
         on_outcome: Callable[[Outcome[Any]], object] | None = None,
         size: float | None = None,
+        telemetry: CallTelemetry | None = None,
     ) -> None:
         self.sink = sink
-        self._put = sink.put
+        self._put: Callable[[Outcome[Any]], None] = sink.put
         #: The caller's ``on_outcome``, served on the loop; None if not asked, and then nothing per unit.
         self.hook: OutcomeHook | None = None
         if on_outcome is not None:
             self.hook = hook = OutcomeHook(on_outcome, self.stop)
-            put = sink.put
-
-            def put_and_tell(outcome: Outcome[Any]) -> None:
-                put(outcome)
-                hook.put(outcome)
-
-            self._put = put_and_tell
+            self._put = _also(self._put, hook.put)
+        if telemetry is not None:  # boundeddb.instrument(): else nothing more per unit
+            self._put = _also(self._put, telemetry.settled)
+            self._wrap = telemetry.wrap
+            self._admit = self._admit_wrapped  # type: ignore[method-assign]
         self.recorder = recorder
         #: With an auto limit: told the latency of each unit that succeeded, from any thread.
         self._observe = observe
@@ -247,6 +247,13 @@ class Run(Generic[SinkT]):
         self.finish(Outcome(index, None, UnitMisuseError(message), 0.0, 0.0, attempts=0))
         return REFUSED
 
+    def _admit_wrapped(self, unit: Any, index: int) -> tuple[Any, int] | Pulled:
+        """As :meth:`_admit`, the unit wrapped (in its telemetry span) once it passed its check."""
+        admitted = Run._admit(self, unit, index)
+        if admitted.__class__ is tuple:
+            return self._wrap(unit, index), index
+        return admitted
+
     def stop(self) -> None:
         """Start no more units; any thread may call it."""
         self.stopping = True
@@ -266,6 +273,13 @@ class Run(Generic[SinkT]):
             self.stopping = True
         self._put(outcome)
 
+    def serve_hook(self) -> None:
+        """On the loop, once the units are done: hand the hook what is left, and raise what it raised."""
+        if self.hook is not None:
+            self.hook.drain()
+            if self.hook.error is not None:
+                raise self.hook.error
+
     def raise_for(self, report: RunReport[Any]) -> None:
         """
         Raise what the run owes its caller: misuse, the input's own error, ``on_outcome``'s own
@@ -284,6 +298,18 @@ class Run(Generic[SinkT]):
         report = RunReport(outcomes, stats)
         self.raise_for(report)
         return report
+
+
+def _also(
+    put: Callable[[Outcome[Any]], None], then: Callable[[Outcome[Any]], object]
+) -> Callable[[Outcome[Any]], None]:
+    """``put``, then ``then``: one more thing done with each outcome."""
+
+    def put_and_then(outcome: Outcome[Any]) -> None:
+        put(outcome)
+        then(outcome)
+
+    return put_and_then
 
 
 def failures_error(report: RunReport[Any]) -> RunFailed | None:

@@ -19,7 +19,7 @@ from .._errors import UnitTimeout
 
 __all__ = ["STATEMENT_ENDED", "Dialect", "is_socket_error"]
 
-logger = logging.getLogger("boundeddb")
+logger = logging.getLogger("boundeddb.dialects")
 
 #: How many driver errors back, each raised while handling the one before, a lost connection is looked for.
 _CONTEXT_DEPTH = 3

@@ -26,7 +26,7 @@ from .base import STATEMENT_ENDED, Dialect
 
 __all__ = ["DIALECT", "NAMES", "MySQL"]
 
-logger = logging.getLogger("boundeddb")
+logger = logging.getLogger("boundeddb.dialects")
 
 NAMES = ("mysql", "mariadb")
 

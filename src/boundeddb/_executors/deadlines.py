@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HasDeadline", "StatementDeadlines"]
 
-logger = logging.getLogger("boundeddb")
+logger = logging.getLogger("boundeddb.timeout")
 
 #: The bounds of the thread's tick: a twentieth of the timeout, within them.
 MIN_TICK_S = 0.005

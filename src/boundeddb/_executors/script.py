@@ -26,7 +26,7 @@ from .._errors import UnitTimeout
 
 __all__ = ["AsyncGuard", "DeadlinePassed", "SyncGuard", "attempt_async", "attempt_sync"]
 
-logger = logging.getLogger("boundeddb")
+logger = logging.getLogger("boundeddb.units")
 
 
 class AsyncGuard(Protocol):

@@ -37,7 +37,7 @@ from .verify import bind_script, verified_sync
 
 __all__ = ["Handle", "ThreadExecutor", "ThreadWorker"]
 
-logger = logging.getLogger("boundeddb")
+logger = logging.getLogger("boundeddb.units")
 
 _IDLE, _CONNECTING, _RUNNING, _COMMITTING = range(4)
 

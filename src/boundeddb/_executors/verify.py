@@ -35,7 +35,7 @@ from .._dialects import Dialect
 
 __all__ = ["WAIT_S", "CommitVerifier", "bind_script", "verified_async", "verified_sync"]
 
-logger = logging.getLogger("boundeddb")
+logger = logging.getLogger("boundeddb.verify")
 
 #: How long the runner keeps asking what became of a COMMIT whose connection was lost (seconds).
 WAIT_S = 10.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pickle
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from time import perf_counter
 from typing import Any
 
@@ -12,6 +12,7 @@ import anyio
 from .._core.recorder import LoopLag
 from .._errors import UnpicklableError
 from .._outcome import Outcome, RunReport
+from .._telemetry import active
 from . import protocol as p
 from .fleet import Fleet, Link
 from .ledger import Ledger
@@ -45,11 +46,32 @@ class _Input:
 class Call:
     """Hands a call's items to the workers as they have room, and waits until every unit has settled."""
 
-    def __init__(self, fleet: Fleet, kind: Kind, fn: bytes, *, stop_on_failure: bool, verify: bool) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        kind: Kind,
+        fn: bytes,
+        *,
+        stop_on_failure: bool,
+        verify: bool,
+        attributes: Mapping[str, str],
+    ) -> None:
         self.fleet = fleet
-        self.ledger = ledger = Ledger(kind, stop_on_failure=stop_on_failure, verify=verify)
+        telemetry = active()
+        call_telemetry = None
+        carrier: dict[str, str] | None = None
+        if telemetry is not None:  # metrics here; the workers make the spans, under the caller's
+            call_telemetry = telemetry.call(attributes, is_async=kind is Kind.ASYNC, spans=False)
+            carrier = telemetry.carrier()
+        self.ledger = ledger = Ledger(
+            kind,
+            stop_on_failure=stop_on_failure,
+            verify=verify,
+            totals=fleet.totals,
+            telemetry=call_telemetry,
+        )
         fleet.register(ledger)
-        self._call_message = pickle.dumps((p.CALL, ledger.id, kind.value, fn))
+        self._call_message = pickle.dumps((p.CALL, ledger.id, kind.value, fn, carrier))
         #: Workers told to stop or close the call, and those told to cancel it.
         self._told: set[Link] = set()
         self._cancel_told: set[Link] = set()

@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from typing import Any, Protocol
 
+from .._core.recorder import Totals
 from .._errors import WorkerStartError
 from . import protocol as p
 from .backends import Backend, Started
@@ -43,6 +44,13 @@ class CallState(Protocol):
         ...
 
     def on_verified(self, index: int, status: str) -> None: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def waiting(self) -> int:
+        """Units of the call pulled and not started yet."""
+        ...
 
     def wake(self) -> None:
         """Wake the call's loop (outside the lock)."""
@@ -103,6 +111,8 @@ class Fleet:
         self.broken: BaseException | None = None
         self._threads: list[threading.Thread] = []
         self._call_ids = itertools.count(1)
+        #: The runner's counters since it was made (its ``statistics()``).
+        self.totals = Totals()
         self._idle = threading.Condition(self.lock)
 
     # -- life -----------------------------------------------------------------------------------------
@@ -120,6 +130,13 @@ class Fleet:
             ]
         for thread in self._threads:
             thread.start()
+
+    def figures(self) -> tuple[int, int]:
+        """Units started and not settled, and units pulled and not started, over the calls in progress."""
+        with self.lock:
+            in_flight = sum(call.in_flight for call in self.calls.values())
+            waiting = sum(call.waiting() for call in self.calls.values())
+        return in_flight, waiting
 
     def ready_links(self) -> list[Link]:
         """The workers that serve now (under the lock)."""

@@ -28,11 +28,12 @@ from typing import Any
 
 import anyio
 
-from .._core.recorder import LoopLag
+from .._core.recorder import LoopLag, Totals
 from .._core.run import failures_error
 from .._errors import UnpicklableError, WorkerLostError
 from .._outcome import Outcome, RunReport
 from .._stats import RunStats, percentile
+from .._telemetry import CallTelemetry
 from . import protocol as p
 from .fleet import Link
 from .protocol import Kind
@@ -43,8 +44,19 @@ __all__ = ["Ledger"]
 class Ledger:
     """The states of one call's units (see the module docstring), and the wake-up of the call's loop."""
 
-    def __init__(self, kind: Kind, *, stop_on_failure: bool, verify: bool) -> None:
+    def __init__(
+        self,
+        kind: Kind,
+        *,
+        stop_on_failure: bool,
+        verify: bool,
+        totals: Totals,
+        telemetry: CallTelemetry | None = None,
+    ) -> None:
         self.id = 0  # set when the fleet registers it
+        #: The runner's counters since it was made, and the call's metrics (``instrument()``).
+        self._totals = totals
+        self._telemetry = telemetry
         self.kind = kind
         self.stop_on_failure = stop_on_failure
         self.verify = verify
@@ -78,6 +90,9 @@ class Ledger:
     def settle(self, outcome: Outcome[Any]) -> None:
         """Record a unit's outcome; with errors="raise", a failure stops the call (under the lock)."""
         self.outcomes.append(outcome)
+        self._totals.add(outcome)
+        if self._telemetry is not None:
+            self._telemetry.settled(outcome)
         if outcome.error is not None and self.stop_on_failure:
             self.stopping = True
 
@@ -185,6 +200,10 @@ class Ledger:
             self.settle(Outcome(index, None, error, latency, 0.0, commit_verified=True))
         else:
             self.settle(Outcome(index, None, error, latency, 0.0, commit_unknown=True))
+
+    def waiting(self) -> int:
+        """Units pulled and not started yet: pending, or handed to a worker that has not started them."""
+        return len(self.pending) + sum(1 for _, item in self.where.values() if item is not None)
 
     # -- the call's loop's side -----------------------------------------------------------------------
 

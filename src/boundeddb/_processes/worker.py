@@ -25,6 +25,7 @@ from .._executors.pool import track_peak
 from .._executors.verify import CommitVerifier
 from .._runners.semaphore import SemaphoreRunner
 from .._runners.thread_offload import ThreadOffloadRunner
+from .._telemetry import attached
 from . import protocol as p
 from .protocol import Kind, WorkerConfig
 from .worker_call import Gate, WorkerCall
@@ -148,8 +149,8 @@ class Worker:
             else:
                 call.add(message[2])
         elif tag == p.CALL:
-            _, call_id, kind, fn = message
-            call = self._calls[call_id] = WorkerCall(self, call_id, Kind(kind), fn)
+            _, call_id, kind, fn, carrier = message
+            call = self._calls[call_id] = WorkerCall(self, call_id, Kind(kind), fn, carrier)
             call.task = self._spawn(self._run(call))
         elif tag in (p.CLOSE, p.STOP, p.CANCEL):
             call = self._calls.get(message[1])
@@ -208,9 +209,10 @@ class Worker:
                 return
             peaks = track_peak(engine.pool if isinstance(engine, Engine) else engine.sync_engine.pool)
             try:
-                async with contextlib.aclosing(runner.stream(call.units())) as outcomes:
-                    async for outcome in outcomes:
-                        call.settled(outcome)
+                with attached(call.carrier):  # the caller's span is this call's units' parent
+                    async with contextlib.aclosing(runner.stream(call.units())) as outcomes:
+                        async for outcome in outcomes:
+                            call.settled(outcome)
             finally:
                 peak = peaks.peak
                 peaks.close()

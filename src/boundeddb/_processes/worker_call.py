@@ -127,12 +127,16 @@ class _SyncUnit:
 class WorkerCall:
     """One of the parent's calls, on this worker: the units it was handed and those it started."""
 
-    def __init__(self, worker: Outbox, call: int, kind: Kind, fn: bytes) -> None:
+    def __init__(
+        self, worker: Outbox, call: int, kind: Kind, fn: bytes, carrier: dict[str, str] | None = None
+    ) -> None:
         self.worker = worker
         self.id = call
         self.kind = kind
         self.fn_bytes = fn
         self.fn: Any = None
+        #: The caller's trace context, when it is instrumented (``boundeddb.instrument()``).
+        self.carrier = carrier
         self.xid_sql = worker.xid_sql
         self.queue: deque[tuple[int, bytes]] = deque()
         #: The in-process runner's index of each started unit (pull order) -> the parent's index.

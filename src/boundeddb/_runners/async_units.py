@@ -153,15 +153,24 @@ class AsyncUnitsRunner(BaseRunner):
         request = feedback_request(progress, on_outcome, f"{type(self).__name__}.stream")
         return self._stream_units(units, check_priority(priority), request)
 
-    async def submit(self, unit: AsyncUnit[T], *, priority: int = 0) -> T:
+    async def submit(
+        self,
+        unit: AsyncUnit[T],
+        *,
+        priority: int = 0,
+        on_outcome: Callable[[Outcome[T]], object] | None = None,
+    ) -> T:
         """
         Run one unit under the runner's shared limit and return its value.
 
         Meant for web handlers: every concurrent :meth:`submit` and batch of one runner shares
         the same :attr:`limit`, so a burst of requests queues for a slot instead of exhausting the pool.
+        ``on_outcome`` is called with the unit's :class:`~boundeddb.Outcome` once it settles, before
+        this returns (after the runner's own ``on_outcome``); if it raises, so does ``submit()``.
+        *New in 0.2.0.*
 
         Raises:
             Exception: the unit's own exception, unchanged; its transaction was rolled back.
         """
-        result: T = await self._submit_unit(unit, priority)
+        result: T = await self._submit_unit(unit, priority, on_outcome)
         return result

@@ -7,7 +7,7 @@ A concrete runner supplies its executor (how one attempt runs: async, or in a th
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
@@ -25,9 +25,8 @@ from .._core.recorder import LoopLag, NullRecorder, Recorder
 from .._core.run import ListSink, Run, SinkT, StreamSink, ValueSink, next_outcome
 from .._dialects import Dialect, for_name
 from .._errors import RunnerClosedError, UnitMisuseError
-from .._executors.pool import track_peak
 from .._outcome import Outcome, RunReport
-from .._progress import FeedbackRequest, open_feedback
+from .._progress import FeedbackRequest, check_on_outcome, open_feedback
 from .._retry import RetryPolicy
 from .._stats import RunnerStatistics, RunStats
 from .binding import LoopBinding
@@ -43,6 +42,7 @@ from .checks import (
     resolve_limit_or_auto,
     with_reserve,
 )
+from .observers import Observers
 
 __all__ = ["BaseRunner"]
 
@@ -72,6 +72,8 @@ class BaseRunner:
     #: The argument that sets the limit, as messages name it (:class:`~boundeddb.ChunkedRunner`'s is
     #: ``chunk_size``).
     _limit_name = "limit"
+    #: Whether units are ``async def`` (the executor awaits them) rather than run in threads.
+    _async_units = True
 
     def __init__(
         self,
@@ -82,6 +84,7 @@ class BaseRunner:
         timeout: object,
         reserve: object,
         verify_commits: object,
+        on_outcome: object = None,
     ) -> None:
         """Check every argument before any database work, and build what every call shares."""
         self._sessions = self._check_sessions(sessions)
@@ -101,7 +104,8 @@ class BaseRunner:
         self._dialect.prepare_engine(engine)
         self._controller = _controller(plan, self._limiter, self._dialect)
         failed = self._controller.failed if self._controller is not None else None
-        self._attempts = Attempts(self._retry, failed=failed)
+        self._observers = Observers(self, engine.dialect.name, on_outcome, async_units=self._async_units)
+        self._attempts = Attempts(self._retry, failed=failed, labels=self._observers.labels)
         self._executor: Executor[Any] = self._new_executor()
         self._closed = False
         self._binding = LoopBinding(type(self).__name__)
@@ -145,7 +149,7 @@ class BaseRunner:
 
         .. versionadded:: 0.2.0
         """
-        return self._limiter.statistics()
+        return self._observers.statistics(self._limiter.statistics())
 
     def __repr__(self) -> str:
         return _describe(type(self).__name__, self._limiter.statistics(), self._closed)
@@ -198,11 +202,15 @@ class BaseRunner:
         stop_on_failure: bool | None = None,
         window: anyio.Semaphore | None = None,
         request: FeedbackRequest | None = None,
+        on_outcome: Callable[[Outcome[Any]], object] | None = None,
     ) -> Run[SinkT]:
-        """A run of ``units``; ``stop_on_failure`` defaults to ``errors="raise"``."""
+        """A run of ``units``, observed as ``observers.Observers`` says; errors sets stop_on_failure."""
         controller = self._controller
         if stop_on_failure is None:
             stop_on_failure = self._errors == "raise"
+        hook, telemetry = self._observers.for_call(
+            priority, on_outcome if request is None else request.on_outcome
+        )
         return Run(
             units,
             sink,
@@ -212,8 +220,9 @@ class BaseRunner:
             priority=priority,
             window=window,
             observe=None if controller is None else controller.observe,
-            on_outcome=None if request is None else request.on_outcome,
+            on_outcome=hook,
             size=None if request is None else request.size,
+            telemetry=telemetry,
         )
 
     async def _drive(
@@ -225,18 +234,9 @@ class BaseRunner:
         feedback: Feedback | None = None,
     ) -> None:
         workers = int(min(self._limiter.share(run.priority), max(1, run.size)))
-        pacer = self._new_pacer(workers)
-        await drive(
-            run,
-            self._executor,
-            self._attempts,
-            pacer,
-            self._limiter,
-            workers,
-            loop_lag=loop_lag,
-            controller=self._controller if adapt else None,
-            feedback=feedback,
-        )
+        pacer, controller = self._new_pacer(workers), self._controller if adapt else None
+        await drive(run, self._executor, self._attempts, pacer, self._limiter, workers, loop_lag=loop_lag,
+                    controller=controller, feedback=feedback)  # fmt: skip
 
     def _stats(self, recorder: Recorder) -> RunStats:
         return recorder.finish(**limit_figures(self._limiter, self._controller, recorder.started))
@@ -253,8 +253,7 @@ class BaseRunner:
     ) -> RunReport[Any]:
         priority = check_priority(priority)
         units = self._checked_units(units)
-        with self._bound():
-            recorder = Recorder(track_peak(self._engine.pool))
+        with self._bound(), self._observers.recording(self._engine.pool) as recorder:
             feedback = None
             try:
                 sink = ListSink()
@@ -263,19 +262,15 @@ class BaseRunner:
                 feedback = open_feedback(run, recorder, self._limiter, request, type(self).__name__)
                 await self._drive(run, loop_lag, feedback=feedback)
             finally:
-                try:
-                    if feedback is not None:
-                        feedback.close()
-                finally:
-                    recorder.close()
+                if feedback is not None:
+                    feedback.close()
         return run.report(sink.outcomes, self._stats(recorder))
 
     async def _stream_units(
         self, units: Iterable[Any] | AsyncIterable[Any], priority: int, request: FeedbackRequest | None = None
     ) -> AsyncGenerator[Outcome[Any], None]:
         units = self._checked_units(units)
-        with self._bound():
-            recorder = Recorder(track_peak(self._engine.pool), keep_latencies=False)
+        with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
             # Pulled, not consumed: at most twice the limit (an auto limit's ceiling), so O(limit).
             lookahead = 2 * (self._limiter.limit if self._controller is None else self._max_limit)
             send, receive = anyio.create_memory_object_stream[Outcome[Any]](lookahead)
@@ -301,17 +296,21 @@ class BaseRunner:
             finally:
                 send.close()  # in case the producer was cancelled before it started
                 receive.close()
-                recorder.close()
         run.raise_for(RunReport(sink.failures, self._stats(recorder)))
 
-    async def _submit_unit(self, unit: Any, priority: object) -> Any:
+    async def _submit_unit(self, unit: Any, priority: object, on_outcome: object = None) -> Any:
         priority = check_priority(priority)
+        hook = check_on_outcome(on_outcome)
         self._check_now(unit, 0)
         with self._bound():
             sink = ValueSink()
-            run = self._new_run([unit], sink, _NULL_RECORDER, stop_on_failure=True, priority=priority)
+            run = self._new_run(
+                [unit], sink, _NULL_RECORDER, stop_on_failure=True, priority=priority, on_outcome=hook
+            )
             await self._drive(run, adapt=False)
             if self._controller is not None:
                 self._controller.adjust()  # no ticker for one unit: look now
         assert sink.outcome is not None
+        self._observers.totals.add(sink.outcome)
+        run.serve_hook()
         return sink.outcome.unwrap()

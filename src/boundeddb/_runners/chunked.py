@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, final
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from .._core.pacing import Chunks
+from .._outcome import Outcome
 from .._retry import RetryPolicy
 from .async_units import AsyncUnitsRunner
 from .checks import ErrorsMode, pool_capacity, resolve_limit
@@ -38,6 +40,7 @@ class ChunkedRunner(AsyncUnitsRunner):
             ``submit(unit, priority=1)`` finds a slot free while a bulk run saturates the rest.
             Must be less than ``chunk_size``. See :doc:`/how-to/priorities`.
         verify_commits: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
+        on_outcome: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
 
     .. versionadded:: 0.1.0
     """
@@ -54,8 +57,9 @@ class ChunkedRunner(AsyncUnitsRunner):
         timeout: float | None = None,
         reserve: int = 0,
         verify_commits: bool = False,
+        on_outcome: Callable[[Outcome[Any]], object] | None = None,
     ) -> None:
-        super().__init__(sessions, chunk_size, errors, retry, timeout, reserve, verify_commits)
+        super().__init__(sessions, chunk_size, errors, retry, timeout, reserve, verify_commits, on_outcome)
 
     def _plan_limit(self, limit: object, engine: Engine) -> int:
         return resolve_limit("chunk_size", _default_chunk(limit, engine), engine, "ChunkedRunner")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import inspect
-import pickle
+import types
 import weakref
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from functools import partial
@@ -12,115 +11,23 @@ from typing import Any, final, overload
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from .._autolimit import check_positive_int
 from .._core.recorder import LoopLag
-from .._dialects import for_name
 from .._errors import RunnerClosedError
 from .._outcome import RunReport
-from .._processes.backends import Backend, DaskCluster, LocalProcesses
 from .._processes.call import Call
 from .._processes.fleet import Fleet
-from .._processes.protocol import Kind, WorkerConfig
+from .._processes.plan import Plan, check_driver, check_fn
 from .._retry import RetryPolicy
+from .._stats import RunnerStatistics
+from .._telemetry import labels, register
 from .._typing import ItemT, T
-from .checks import ErrorsMode, check_errors, check_retry, check_timeout, check_verify_commits
+from .checks import ErrorsMode, check_errors
 
 __all__ = ["ProcessRunner"]
-
-#: Engine options a ProcessRunner sets itself: each worker's pool is exactly its share of the limit.
-_POOL_OPTIONS = ("pool_size", "max_overflow")
-
-
-def _check_url(url: object) -> URL:
-    if not isinstance(url, (str, URL)):
-        msg = (
-            f"url must be a database URL (str or sqlalchemy.engine.URL), got {type(url).__name__}: "
-            "workers build their own engines from it, e.g. 'postgresql+asyncpg://user@host/db'"
-        )
-        raise TypeError(msg)
-    parsed = make_url(url)
-    parsed.get_dialect()  # an unknown database or driver fails here, in this process
-    return parsed
-
-
-def _check_engine_options(options: object) -> dict[str, Any]:
-    if options is None:
-        return {}
-    if not isinstance(options, Mapping):
-        msg = f"engine_options must be a dict of create_engine() arguments, got {type(options).__name__}"
-        raise TypeError(msg)
-    taken = sorted(name for name in _POOL_OPTIONS if name in options)
-    if taken:
-        msg = (
-            f"engine_options must not set {', '.join(taken)}: each worker's pool is exactly its share of "
-            "limit (pool_size=share, max_overflow=0). Remove it and size the budget with limit="
-        )
-        raise ValueError(msg)
-    try:
-        pickle.dumps(dict(options))
-    except Exception as error:
-        msg = (
-            f"engine_options must be picklable, to send them to the worker processes ({error}): "
-            "pass module-level functions and plain values, not lambdas or open objects"
-        )
-        raise TypeError(msg) from None
-    return dict(options)
-
-
-def _check_fn(fn: object) -> tuple[Kind, bytes]:
-    """``fn``'s kind (async or not) and its pickle, if workers can import it by name."""
-    if not callable(fn):
-        msg = f"fn must be callable as fn(session, item), got {fn!r}: pass a module-level function"
-        raise TypeError(msg)
-    target: Any = fn
-    while isinstance(target, partial):
-        target = target.func
-    qualname = getattr(target, "__qualname__", "")
-    if qualname == "<lambda>" or "<locals>" in qualname:
-        kind = "a lambda" if qualname == "<lambda>" else f"a local function ({qualname})"
-        msg = (
-            f"fn must be a module-level function: workers import it by name, and {kind} has none. "
-            "Define it at the top level of a module (a functools.partial of one is fine)"
-        )
-        raise TypeError(msg)
-    try:
-        data = pickle.dumps(fn, pickle.HIGHEST_PROTOCOL)
-    except Exception as error:
-        msg = (
-            f"fn must be picklable: workers import it by name ({type(error).__qualname__}: {error}). "
-            "Pass a module-level function, or a functools.partial of one with picklable arguments"
-        )
-        raise TypeError(msg) from None
-    # A function, a partial of one, or an object whose __call__ is async.
-    is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(target).__call__)
-    return (Kind.ASYNC if is_async else Kind.SYNC), data
-
-
-def _check_driver(kind: Kind, url: URL) -> None:
-    """A function of ``kind`` needs a driver of its kind: an async one for ``async def``, else a sync one."""
-    driver = url.get_driver_name()
-    if kind is Kind.ASYNC and not url.get_dialect(_is_async=True).is_async:
-        msg = (
-            f"fn is an async def, but the driver of url ({driver}) is sync: pass a plain def fn, or a URL "
-            "with an async driver (postgresql+asyncpg, postgresql+psycopg, mysql+aiomysql)"
-        )
-        raise TypeError(msg)
-    if kind is Kind.SYNC and url.get_dialect().is_async:
-        msg = (
-            f"fn is a plain def, but the driver of url ({driver}) is async only: pass an async def fn, or a "
-            "URL with a sync driver (postgresql+psycopg, postgresql+psycopg2, mysql+pymysql)"
-        )
-        raise TypeError(msg)
-
-
-def _shares(limit: int, processes: int) -> list[int]:
-    """``limit`` split over ``processes`` as evenly as it goes (the first ones take one more)."""
-    base, extra = divmod(limit, processes)
-    return [base + (1 if number < extra else 0) for number in range(processes)]
 
 
 @final
@@ -179,48 +86,17 @@ class ProcessRunner:
         verify_commits: bool = False,
         cluster: Any = None,
     ) -> None:
-        parsed = _check_url(url)
-        self._limit = check_positive_int(
-            "limit", limit, hint="pass the connection budget of all workers, e.g. limit=8"
+        plan = Plan.of(url, limit, processes, engine_options, retry, timeout, verify_commits, cluster)
+        self._limit, self._processes, self._url, self._verify = (
+            plan.limit,
+            plan.processes,
+            plan.url,
+            plan.verify,
         )
         self._errors = check_errors(errors)
-        checked_retry = None if retry is None else check_retry(retry)
-        if checked_retry is not None:
-            try:
-                pickle.dumps(checked_retry)
-            except Exception as error:
-                msg = (
-                    f"retry must be picklable, to send it to the workers ({error}): "
-                    "give retry_on a module-level function"
-                )
-                raise TypeError(msg) from None
-        name = parsed.get_dialect().name
-        verify = check_verify_commits(verify_commits, for_name(name), name)
-        options = _check_engine_options(engine_options)
-        if cluster is not None and not (hasattr(cluster, "submit") and hasattr(cluster, "scheduler_info")):
-            msg = f"cluster must be a distributed.Client (Dask) or None, got {type(cluster).__name__}"
-            raise TypeError(msg)
-        backend: Backend = LocalProcesses() if cluster is None else DaskCluster(cluster)
-        if processes is None:
-            processes = min(backend.default_workers(), self._limit)
-        processes = check_positive_int(
-            "processes", processes, hint="pass how many worker processes, e.g. processes=2"
-        )
-        if processes > self._limit:
-            backend.close()
-            msg = (
-                f"processes={processes} is more than limit={self._limit}: each worker needs at least one "
-                f"connection of the budget. Pass processes <= {self._limit}, or a larger limit"
-            )
-            raise ValueError(msg)
-        configs = [
-            WorkerConfig(parsed, options, share, checked_retry, check_timeout(timeout), verify)
-            for share in _shares(self._limit, processes)
-        ]
-        self._processes = processes
-        self._url = parsed
-        self._verify = verify
-        self._fleet = Fleet(backend, configs)
+        self._fleet = Fleet(plan.backend, plan.configs)
+        self._labels = labels("ProcessRunner", plan.url.get_dialect().name)
+        register(self, self._labels)
         self._closed = False
         self._finalizer = weakref.finalize(self, self._fleet.close)
 
@@ -233,6 +109,19 @@ class ProcessRunner:
     def processes(self) -> int:
         """How many workers the runner keeps."""
         return self._processes
+
+    def statistics(self) -> RunnerStatistics:
+        """
+        What the runner's calls hold and what waits now, and its counters since it was made.
+
+        As :meth:`boundeddb.SemaphoreRunner.statistics`: ``in_flight`` counts the units the workers
+        said they started, ``waiting`` those pulled and not started yet; no priorities.
+        """
+        in_flight, waiting = self._fleet.figures()
+        empty: Mapping[int, int] = types.MappingProxyType({})
+        return RunnerStatistics(
+            self._limit, 0, in_flight, waiting, empty, empty, **self._fleet.totals.figures()
+        )
 
     def __repr__(self) -> str:
         with self._fleet.lock:
@@ -350,8 +239,8 @@ class ProcessRunner:
         return report
 
     async def _map(self, fn: object, items: object, *, measure_loop_lag: bool) -> RunReport[Any]:
-        kind, fn_bytes = _check_fn(fn)
-        _check_driver(kind, self._url)
+        kind, fn_bytes = check_fn(fn)
+        check_driver(kind, self._url)
         if not isinstance(items, (Iterable, AsyncIterable)) or isinstance(items, (str, bytes)):
             msg = (
                 f"items must be an iterable or async iterable, got {type(items).__name__}: "
@@ -361,7 +250,14 @@ class ProcessRunner:
         checked: Iterable[Any] | AsyncIterable[Any] = items
         self._check_open()
         self._fleet.start()
-        call = Call(self._fleet, kind, fn_bytes, stop_on_failure=self._errors == "raise", verify=self._verify)
+        call = Call(
+            self._fleet,
+            kind,
+            fn_bytes,
+            stop_on_failure=self._errors == "raise",
+            verify=self._verify,
+            attributes=self._labels,
+        )
         loop_lag = LoopLag() if measure_loop_lag else None
         async with anyio.create_task_group() as tasks:
             if loop_lag is not None:

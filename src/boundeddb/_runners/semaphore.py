@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, final
 
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from .._autolimit import AutoLimit
+from .._outcome import Outcome
 from .._retry import RetryPolicy
 from .async_units import AsyncUnitsRunner
 from .checks import ErrorsMode
@@ -45,6 +47,10 @@ class SemaphoreRunner(AsyncUnitsRunner):
             :attr:`~boundeddb.Outcome.commit_unknown` (*new in 0.2.0*). It costs one more round
             trip per unit; :doc:`/how-to/verify-commits` says how it works. On other databases
             ``True`` is a :class:`ValueError`.
+        on_outcome: Called with the :class:`~boundeddb.Outcome` of every unit of every call,
+            :meth:`submit` included, as it settles, on the event loop; before a call's own
+            ``on_outcome``. For metrics and logs: what it raises is logged (``boundeddb.hooks``)
+            and ignored. See :doc:`/how-to/observe` (*new in 0.2.0*).
 
     .. versionadded:: 0.1.0
     """
@@ -59,5 +65,6 @@ class SemaphoreRunner(AsyncUnitsRunner):
         timeout: float | None = None,
         reserve: int = 0,
         verify_commits: bool = False,
+        on_outcome: Callable[[Outcome[Any]], object] | None = None,
     ) -> None:
-        super().__init__(sessions, limit, errors, retry, timeout, reserve, verify_commits)
+        super().__init__(sessions, limit, errors, retry, timeout, reserve, verify_commits, on_outcome)

@@ -50,6 +50,7 @@ class ThreadOffloadRunner(BaseRunner):
             stays taken until its thread has really finished.
         reserve: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
         verify_commits: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
+        on_outcome: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
 
     Cancelling a call cancels the statements in flight with the DBAPI connection's ``cancel()`` or
     SQLite's ``interrupt()``, waits for the threads to finish, rolls back and returns their
@@ -62,6 +63,8 @@ class ThreadOffloadRunner(BaseRunner):
        A unit running when its call is cancelled is rolled back when it returns.
     """
 
+    _async_units = False
+
     def __init__(
         self,
         sessions: sessionmaker[Any],
@@ -72,8 +75,9 @@ class ThreadOffloadRunner(BaseRunner):
         timeout: float | None = None,
         reserve: int = 0,
         verify_commits: bool = False,
+        on_outcome: Callable[[Outcome[Any]], object] | None = None,
     ) -> None:
-        super().__init__(sessions, limit, errors, retry, timeout, reserve, verify_commits)
+        super().__init__(sessions, limit, errors, retry, timeout, reserve, verify_commits, on_outcome)
 
     def _check_sessions(self, sessions: object) -> sessionmaker[Any]:
         is_async = isinstance(sessions, async_sessionmaker) or (
@@ -172,17 +176,24 @@ class ThreadOffloadRunner(BaseRunner):
         request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.stream")
         return self._stream_units(units, check_priority(priority), request)
 
-    async def submit(self, unit: SyncUnit[T], *, priority: int = 0) -> T:
+    async def submit(
+        self,
+        unit: SyncUnit[T],
+        *,
+        priority: int = 0,
+        on_outcome: Callable[[Outcome[T]], object] | None = None,
+    ) -> T:
         """
         Run one sync unit in a worker thread under the runner's shared limit, and return its value.
 
         ``priority`` as for :meth:`boundeddb.SemaphoreRunner.run`: ``submit(unit, priority=1)``
         from a request handler goes ahead of a bulk run's units, and may use the ``reserve``.
+        ``on_outcome`` as for :meth:`boundeddb.SemaphoreRunner.submit`, on the event loop.
 
         Raises:
             Exception: the unit's own exception, unchanged.
         """
-        result: T = await self._submit_unit(unit, priority)
+        result: T = await self._submit_unit(unit, priority, on_outcome)
         return result
 
     def run_sync(
