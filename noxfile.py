@@ -28,9 +28,15 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 
 # -- Test paths: every list of test files that a session or .ci/run names, in this one place ----------
 
-#: The runner contract, the core's in-memory tests and ProcessRunner (spawned workers, pickling):
-#: what .ci/run runs on each Python other than 3.11, which runs the whole suite.
-CORE_TESTS = ["tests/runners/test_contract.py", "tests/core", "tests/runners/test_process_runner.py"]
+#: The runner contract, the core's in-memory tests, ProcessRunner (spawned workers, pickling) and
+#: Ctrl-C in the *_sync verbs (asyncio's runner differs by version): what .ci/run runs on each Python
+#: other than 3.11, which runs the whole suite.
+CORE_TESTS = [
+    "tests/runners/test_contract.py",
+    "tests/core",
+    "tests/runners/test_process_runner.py",
+    "tests/faults/test_ctrl_c.py",
+]
 #: What `nox -s package` runs from the unpacked sdist against the wheel installed on its own: the
 #: public face (every name, __version__ from the metadata, py.typed shipped). The runner contract
 #: runs on every Python already; on the wheel it added 5-10 minutes to CI for no new failure mode.

@@ -1,16 +1,47 @@
-"""Which event loop a runner's calls use: one at a time, since its limiter's primitives are that loop's."""
+"""Which event loop a runner's calls use: one at a time (its limiter's are that loop's), or a private one."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import anyio.lowlevel
 
 from .._errors import RunnerBusyElsewhereError
 
-__all__ = ["LoopBinding"]
+__all__ = ["LoopBinding", "run_blocking"]
+
+T = TypeVar("T")
+
+
+def run_blocking(call: Callable[[], Awaitable[T]], verb: str, instead: str) -> T:
+    """
+    Run ``call()`` on a private event loop in this thread, for a runner's ``*_sync`` verb.
+
+    Ctrl-C is a :exc:`KeyboardInterrupt` once the call has cleaned up, on every Python: on 3.10,
+    anyio's runner cancels the call but cannot tell that cancellation from others (no
+    ``Task.uncancel``) and lets the :exc:`~asyncio.CancelledError` out instead.
+
+    Raises:
+        RuntimeError: if an event loop runs in this thread already; the message says to await
+            ``instead``.
+    """
+    try:
+        anyio.lowlevel.current_token()
+    except RuntimeError:
+        pass  # no event loop here: good
+    else:
+        msg = f"{verb}() was called from async code, where it would block the event loop: use `{instead}`"
+        raise RuntimeError(msg)
+    try:
+        return anyio.run(call)
+    except (
+        asyncio.CancelledError
+    ):  # pragma: no cover - Python 3.10: only Ctrl-C cancels the private loop's call
+        raise KeyboardInterrupt from None
 
 
 class LoopBinding:

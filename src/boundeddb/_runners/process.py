@@ -25,6 +25,7 @@ from .._retry import RetryPolicy
 from .._stats import RunnerStatistics
 from .._telemetry import labels, register
 from .._typing import ItemT, T
+from .binding import run_blocking
 from .checks import ErrorsMode, check_errors
 
 __all__ = ["ProcessRunner"]
@@ -225,17 +226,8 @@ class ProcessRunner:
         Raises:
             RuntimeError: if called from async code; ``await runner.map(fn, items)`` there instead.
         """
-        try:
-            anyio.lowlevel.current_token()
-        except RuntimeError:
-            pass
-        else:
-            msg = (
-                "map_sync() was called from async code, where it would block the event loop: "
-                "use `await runner.map(fn, items)`"
-            )
-            raise RuntimeError(msg)
-        report: RunReport[Any] = anyio.run(partial(self._map, fn, items, measure_loop_lag=False))
+        call = partial(self._map, fn, items, measure_loop_lag=False)
+        report: RunReport[Any] = run_blocking(call, "map_sync", "await runner.map(fn, items)")
         return report
 
     async def _map(self, fn: object, items: object, *, measure_loop_lag: bool) -> RunReport[Any]:

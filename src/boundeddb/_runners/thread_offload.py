@@ -6,8 +6,6 @@ from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, final
 
-import anyio
-import anyio.lowlevel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -18,6 +16,7 @@ from .._progress import feedback_request
 from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
 from .base import BaseRunner
+from .binding import run_blocking
 from .checks import BoundItem, ErrorsMode, check_priority, units_of
 
 if TYPE_CHECKING:
@@ -216,18 +215,7 @@ class ThreadOffloadRunner(BaseRunner):
         Raises:
             RuntimeError: if called from async code; ``await runner.run(units)`` there instead.
         """
-        try:
-            anyio.lowlevel.current_token()
-        except RuntimeError:
-            pass  # no event loop here: good
-        else:
-            msg = (
-                "run_sync() was called from async code, where it would block the event loop: "
-                "use `await runner.run(units)` instead"
-            )
-            raise RuntimeError(msg)
         request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.run_sync")
-        report: RunReport[T] = anyio.run(
-            partial(self._run_units, units, priority, measure_loop_lag=False, request=request)
-        )
+        call = partial(self._run_units, units, priority, measure_loop_lag=False, request=request)
+        report: RunReport[T] = run_blocking(call, "run_sync", "await runner.run(units)")
         return report
