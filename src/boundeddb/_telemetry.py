@@ -122,7 +122,10 @@ class Telemetry:
 
         self.metrics = metrics
         version = _version()
-        meter = (meter_provider or otel_metrics.get_meter_provider()).get_meter("boundeddb", version)
+        if metrics:
+            meter = (meter_provider or otel_metrics.get_meter_provider()).get_meter("boundeddb", version)
+        else:  # a ProcessRunner's worker: its caller records the metrics
+            meter = otel_metrics.NoOpMeter("boundeddb", version)
         self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("boundeddb", version)
         self.duration = meter.create_histogram(
             "boundeddb.unit.duration",
@@ -164,6 +167,8 @@ class Telemetry:
 
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
             with _lock:
+                if _active is not self:  # uninstrumented, or instrumented anew: nothing from here
+                    return []
                 runners = list(_runners.items())
             totals: dict[tuple[tuple[str, str], ...], int] = {}
             for runner, attributes in runners:

@@ -273,6 +273,7 @@ async def test_nothing_is_recorded_after_uninstrument(telemetry: Telemetry, make
     await runner.submit(select_one)
     assert telemetry.counts("boundeddb.unit.duration", "boundeddb.outcome") == before == {"ok": 1}
     assert len(telemetry.unit_spans()) == 1
+    assert telemetry.points("boundeddb.limit") == []  # the gauges observe nothing either
 
 
 # -- the runner's hook and its statistics ------------------------------------------------------------
@@ -382,3 +383,34 @@ def rows_in_processes(admin: Engine) -> Iterator[None]:
     process_units.Base.metadata.create_all(admin)
     yield
     process_units.Base.metadata.drop_all(admin)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_process_runners_unit_spans_are_children_of_the_callers_span_across_processes(
+    telemetry: Telemetry,
+    rows_in_processes: Any,
+    pg_server: PostgresServer,
+    pg_schema: str,
+    app_name: str,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller's trace context travels with the call: the workers' unit spans are its children."""
+    import json
+
+    spans_file = tmp_path / "spans.jsonl"
+    monkeypatch.setenv("BOUNDEDDB_TEST_SPANS", str(spans_file))  # the workers' tracer provider writes here
+    options = {"connect_args": {"server_settings": {"search_path": pg_schema, "application_name": app_name}}}
+    tracer = telemetry.tracers.get_tracer("test")
+    async with ProcessRunner(
+        driver_url(pg_server.url, "asyncpg"), limit=2, processes=2, engine_options=options
+    ) as runner:
+        with tracer.start_as_current_span("backfill") as backfill:
+            report = await runner.map(process_units.insert, range(20))
+    context = backfill.get_span_context()
+    spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
+    units = [span for span in spans if span["name"] == "boundeddb.unit"]
+    assert len(units) == 20
+    assert {(span["trace"], span["parent"]) for span in units} == {(context.trace_id, context.span_id)}
+    assert {span["pid"] for span in units} == {pid for _, pid in report.values()}
+    assert telemetry.unit_spans() == []  # the caller makes none of its own: no unit ran here

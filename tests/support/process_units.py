@@ -103,3 +103,36 @@ async def select_pid(session: AsyncSession, n: int) -> int:
     """A unit that only reads."""
     await session.execute(text("SELECT 1"))
     return os.getpid()
+
+
+def _export_spans_to_a_file() -> None:
+    """In a worker, with $BOUNDEDDB_TEST_SPANS set: a tracer provider writing each span to that file."""
+    import json
+
+    path = os.environ.get("BOUNDEDDB_TEST_SPANS")
+    if not path:
+        return
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    class ToFile(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            with open(path, "a") as file:
+                for span in spans:
+                    parent = span.parent
+                    record = {
+                        "name": span.name,
+                        "trace": span.context.trace_id,
+                        "parent": None if parent is None else parent.span_id,
+                        "pid": os.getpid(),
+                    }
+                    file.write(json.dumps(record) + "\n")
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(ToFile()))
+    trace.set_tracer_provider(provider)
+
+
+_export_spans_to_a_file()
