@@ -74,6 +74,11 @@ def make_runner(
         runner.close()
 
 
+async def both_ready(runner: ProcessRunner) -> None:
+    """Until both of the runner's workers serve (started, imports done): what the runner's repr says."""
+    assert await anyio.to_thread.run_sync(eventually, lambda: "ready=2" in repr(runner), 120)
+
+
 def committed(admin: Engine) -> dict[int, int]:
     """unit -> how many rows it committed."""
     with admin.connect() as connection:
@@ -109,6 +114,7 @@ async def test_every_unit_runs_once_in_a_worker_and_comes_back_in_input_order(
 ) -> None:
     """300 units over 2 workers: values in input order, from the workers, each row committed once."""
     async with make_runner(driver, limit=4, processes=2) as runner:
+        await both_ready(runner)  # else, on a busy machine, the first may do all 300 alone
         report = await runner.map(fn, range(300))
     assert [value[0] for value in report.values()] == list(range(300))
     workers = {value[1] for value in report.values()}
@@ -126,6 +132,7 @@ async def test_workers_serve_many_calls_with_the_engine_they_built_once(
 ) -> None:
     """Three calls on one runner: the same two processes, and no more connections than the limit."""
     async with make_runner(limit=2, processes=2) as runner:
+        await both_ready(runner)
         seen = set()
         for call in range(3):
             report = await runner.map(units.insert, range(call * 50, call * 50 + 50))
@@ -336,7 +343,7 @@ async def test_a_worker_killed_mid_run_loses_and_repeats_nothing(
         killer, killed = kill_a_worker_when(rows, 40)
         report = await runner.map(partial(fn, seconds=0.01), range(400))
         killer.join()
-        assert await anyio.to_thread.run_sync(eventually, lambda: "ready=2" in repr(runner), 60)
+        await both_ready(runner)
         serving = {pid for pid in (await runner.map(units.select_pid, range(200))).values()}
     assert len(killed) == 1
     assert [o.index for o in report.outcomes] == list(range(400))  # nothing lost
@@ -591,6 +598,7 @@ async def test_map_on_a_dask_cluster(
             driver_url(pg_server.url, "asyncpg"), limit=4, cluster=dask_client, engine_options=options
         ) as runner:
             assert runner.processes == 2
+            await both_ready(runner)
             report = await runner.map(partial(units.insert_and_sleep, seconds=0.01), range(200))
     assert [outcome.value for outcome in report.outcomes] == list(range(200))
     assert pids(rows) == cluster_pids
