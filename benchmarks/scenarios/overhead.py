@@ -15,12 +15,14 @@ next.  So this scenario measures four pairs, each side on the same op functions,
   verify_commits=True)`` (the cost of reading each writing unit's transaction id before COMMIT:
   its ratio beside the plain runner's), and the runner watched (``on_outcome=`` a counter and
   ``progress=`` a rich bar drawn into memory: what watching costs when asked for; the plain
-  runner, which asks for neither, has no per-unit work for it);
+  runner, which asks for neither, has no per-unit work for it), and the runner under
+  ``boundeddb.instrument()`` with the OpenTelemetry SDK (:mod:`benchmarks.otel`: what metrics and
+  spans cost when asked for);
 * ``chunked``: ``ChunkedRunner(chunk_size=L)`` against ``asyncio.gather`` over each consecutive
   chunk of L ops (asyncpg);
 * ``threads``: ``ThreadOffloadRunner(limit=L).run_sync(units)`` against
   ``ThreadPoolExecutor(L).map`` (psycopg), both from plain sync code under a sync probe (no event
-  loop, no loop-lag ticker on either side);
+  loop, no loop-lag ticker on either side), with the runner instrumented as a peer;
 * ``threads-async``: ``await ThreadOffloadRunner(limit=L).run(units)`` under asyncio against
   ``asyncio.gather`` over ``loop.run_in_executor`` on a ``ThreadPoolExecutor(L)`` (psycopg), both
   under the async probe.
@@ -55,6 +57,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from boundeddb import SemaphoreRunner
 
 from ..harness import Context, Measurement, Probe
+from ..otel import instrumented
 from ..scenario import Scenario
 from ..workload import Op, async_unit
 from . import chunked, hand_rolled, semaphore, threads
@@ -71,6 +74,10 @@ GROUP = "overhead"
 #: The target: every runner >= this fraction of its hand-written equivalent's ops/s.
 TARGET = 0.97
 LIBRARY, HAND_WRITTEN = "library", "hand-written"
+#: The peer that runs the library side under ``boundeddb.instrument()`` (issue #27's goal: <= 10% more).
+INSTRUMENTED = "instrumented"
+#: The goal for it: instrumented / library client work per op at most this.
+INSTRUMENTED_GOAL = 1.10
 THREADS_DRIVER = "psycopg"
 
 Measure = Callable[[Context, int, list[Op], str, str], None]
@@ -153,6 +160,11 @@ def _semaphore_watched(ctx: Context, limit: int, ops: list[Op], group: str, labe
     asyncio.run(_measure_semaphore(ctx, limit, ops, group, label, watch=True))
 
 
+def _semaphore_instrumented(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    with instrumented():
+        _semaphore(ctx, limit, ops, group, label)
+
+
 def _window(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
     asyncio.run(hand_rolled.measure_window(ctx, limit, ops, group=group, label=label))
 
@@ -175,6 +187,11 @@ def _chunks(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> 
 
 def _threads_sync(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
     threads.measure_sync(ctx, limit, ops, driver=THREADS_DRIVER, group=group, label=label)
+
+
+def _threads_sync_instrumented(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
+    with instrumented():
+        _threads_sync(ctx, limit, ops, group, label)
 
 
 def _pool_map(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
@@ -211,6 +228,12 @@ PAIRS: dict[str, Pair] = {
                     _semaphore_watched,
                 ),
                 Side(
+                    INSTRUMENTED,
+                    "semaphore instrumented",
+                    "SemaphoreRunner(limit=L).run under boundeddb.instrument() (OpenTelemetry SDK)",
+                    _semaphore_instrumented,
+                ),
+                Side(
                     "tutorial", "tutorial gather+Semaphore", "gather, a task per op, Semaphore(L)", _tutorial
                 ),
                 Side("aiometer", "aiometer", "aiometer.run_on_each(fn, ops, max_at_once=L)", _aiometer),
@@ -229,6 +252,14 @@ PAIRS: dict[str, Pair] = {
                 LIBRARY, "threads run_sync", "ThreadOffloadRunner(limit=L).run_sync, no loop", _threads_sync
             ),
             Side(HAND_WRITTEN, "ThreadPoolExecutor.map", "ThreadPoolExecutor(L).map, no loop", _pool_map),
+            (
+                Side(
+                    INSTRUMENTED,
+                    "threads run_sync instrumented",
+                    "ThreadOffloadRunner(limit=L).run_sync under boundeddb.instrument()",
+                    _threads_sync_instrumented,
+                ),
+            ),
         ),
         Pair(
             "threads-async",

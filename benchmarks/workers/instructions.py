@@ -2,7 +2,7 @@
 One side of an overhead pair, run once for the ``instructions`` scenario, under callgrind.
 
 ``python -m benchmarks.workers.instructions PAIR SIDE N [--seed S] [--limit L] [--index]`` runs
-side SIDE (``library`` or ``hand-written``) of overhead pair PAIR on the first N ops of the
+side SIDE (``library``, ``hand-written`` or ``instrumented``) of overhead pair PAIR on the first N ops of the
 sequence, on the database named by ``$BOUNDEDDB_BENCH_URL``, with no sampler thread and nothing
 printed; it exits 1 if the side failed.  :mod:`benchmarks.scenarios.instructions` starts it
 under ``valgrind --tool=callgrind`` and reads the instruction count valgrind prints.
@@ -24,14 +24,16 @@ def main(argv: list[str]) -> int:
     """Run one side once: no sampler, nothing printed; 1 if it failed."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.workers.instructions")
     p.add_argument("pair", choices=list(overhead.PAIRS))
-    p.add_argument("side", choices=[overhead.LIBRARY, overhead.HAND_WRITTEN])
+    p.add_argument("side", choices=[overhead.LIBRARY, overhead.HAND_WRITTEN, overhead.INSTRUMENTED])
     p.add_argument("n", type=int)
     p.add_argument("--seed", type=int, default=2022)
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--index", action="store_true")
     args = p.parse_args(argv)
     pair = overhead.PAIRS[args.pair]
-    side = pair.library if args.side == overhead.LIBRARY else pair.hand
+    side = next((s for s in pair.sides if s.key == args.side), None)
+    if side is None:
+        p.error(f"pair {args.pair} has no side {args.side}")
     ctx = Context(
         db=resolve(),
         ops=make_ops(args.n, args.seed),
