@@ -30,9 +30,11 @@ def rounds(n: int) -> str:
     return f"{n} round" if n == 1 else f"{n} rounds"
 
 
-def verdict(value: float | None, goal: float) -> str:
-    """A target's status: PASS at ``goal`` or above, MISS below, n/a without a value."""
-    return "n/a" if value is None else ("PASS" if value >= goal else "MISS")
+def verdict(value: float | None, goal: float, *, at_most: bool = False) -> str:
+    """A target's status: PASS at ``goal`` or above (``at_most``: at or below), MISS else, n/a without."""
+    if value is None:
+        return "n/a"
+    return "PASS" if (value <= goal if at_most else value >= goal) else "MISS"
 
 
 def status(m: Measurement) -> str:
