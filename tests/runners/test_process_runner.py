@@ -26,6 +26,7 @@ from boundeddb import (
     UnpicklableError,
     WorkerLostError,
 )
+from boundeddb._processes.backends import LocalProcesses
 from boundeddb.testing import PostgresServer, driver_url
 from tests.support import process_units as units
 from tests.support.faults import wait_until
@@ -72,6 +73,15 @@ def make_runner(
     yield make
     for runner in made:
         runner.close()
+
+
+@pytest.fixture(params=[True, False], ids=["shared-marks", "message-marks"])
+def marks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both ways a worker marks its units begun and committing: in memory it shares with the parent,
+    or by message (as a Dask task does)."""
+    share: bool = request.param
+    monkeypatch.setattr(LocalProcesses, "share_marks", share)
+    return share
 
 
 async def both_ready(runner: ProcessRunner) -> None:
@@ -335,6 +345,7 @@ def kill_a_worker_when(admin: Engine, rows_at_least: int) -> tuple[threading.Thr
     [("asyncpg", units.insert_and_sleep), ("psycopg", units.insert_and_sleep_sync)],
     ids=["async", "sync"],
 )
+@pytest.mark.usefixtures("marks")
 async def test_a_worker_killed_mid_run_loses_and_repeats_nothing(
     rows: Engine, make_runner: Callable[..., ProcessRunner], driver: str, fn: Any
 ) -> None:
@@ -395,7 +406,7 @@ def victim_committing(admin: Engine, app: str) -> int | None:
     return None if name is None else int(name.rsplit("-", 1)[1])
 
 
-@pytest.mark.usefixtures("slow_commit")
+@pytest.mark.usefixtures("slow_commit", "marks")
 @pytest.mark.parametrize("verify_commits", [False, True], ids=["unknown", "verified"])
 async def test_a_worker_killed_while_committing(
     rows: Engine, make_runner: Callable[..., ProcessRunner], app_name: str, verify_commits: bool

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from .._errors import WorkerStartError
 from . import worker
-from .protocol import WorkerConfig
+from .protocol import WorkerConfig, marks_size
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -28,9 +28,12 @@ DASK_CONNECT_TIMEOUT_S = 60.0
 
 
 class Started(Protocol):
-    """One worker as started: the pipe to it, and how to end it."""
+    """One worker as started: the pipe to it, its marks, and how to end it."""
 
     connection: Connection
+    #: The worker's unit marks in memory both processes share (see ``protocol.Marks``), or None
+    #: where the worker may be on another host: it then says each mark in a message.
+    marks: memoryview | None
 
     def kill(self) -> None:
         """End the worker now (its connections close with it)."""
@@ -60,9 +63,10 @@ class Backend(Protocol):
 
 
 class _LocalWorker:
-    def __init__(self, process: BaseProcess, connection: Connection) -> None:
+    def __init__(self, process: BaseProcess, connection: Connection, marks: memoryview | None) -> None:
         self.process = process
         self.connection = connection
+        self.marks: memoryview | None = marks
 
     def kill(self) -> None:
         self.process.kill()
@@ -88,6 +92,8 @@ class LocalProcesses:
     """Workers as child processes of this one, started with ``spawn`` (or ``forkserver``): nothing forked."""
 
     noun = "worker process"
+    #: Whether workers mark their units in shared memory (else by message, as on Dask: for tests).
+    share_marks = True
 
     def __init__(self, method: str = "spawn") -> None:
         self._context = multiprocessing.get_context(method)
@@ -100,12 +106,14 @@ class LocalProcesses:
 
     def start(self, number: int, config: WorkerConfig) -> _LocalWorker:
         ours, theirs = self._context.Pipe(duplex=True)
+        # Shared memory handed over at spawn (no name to leak): the child's stores are visible here.
+        shared = self._context.RawArray("B", marks_size(config.share)) if self.share_marks else None
         process = self._context.Process(  # type: ignore[attr-defined]
-            target=worker.main, args=(theirs, config), name=f"boundeddb-worker-{number}", daemon=True
+            target=worker.main, args=(theirs, config, shared), name=f"boundeddb-worker-{number}", daemon=True
         )
         process.start()
         theirs.close()
-        return _LocalWorker(process, ours)
+        return _LocalWorker(process, ours, None if shared is None else memoryview(shared).cast("B"))
 
     def close(self) -> None:
         pass
@@ -138,6 +146,7 @@ class _DaskWorker:
         self.future = future
         self.connection = connection
         self.where = where
+        self.marks: memoryview | None = None
 
     def kill(self) -> None:
         self.connection.close()  # the task sees its pipe end: it cancels its units and returns

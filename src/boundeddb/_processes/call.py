@@ -156,15 +156,19 @@ class Call:
                 ledger.pending.clear()
                 sends += self._tell(p.STOP)
             else:
+                now = perf_counter()
                 for link, room in self._room().items():
-                    batch = [ledger.pending.popleft() for _ in range(min(room, len(ledger.pending)))]
+                    batch = [
+                        (*ledger.pending.popleft(), link.take_place())
+                        for _ in range(min(room, len(ledger.pending)))
+                    ]
                     if not batch:
                         continue
                     if link not in ledger.open_on:
                         ledger.open_on.add(link)
                         sends.append((link, self._call_message))
-                    for index, item in batch:
-                        ledger.where[index] = (link, item)
+                    for index, item, place in batch:
+                        ledger.where[index] = (link, item, place, now)
                     link.handed += len(batch)
                     sends.append((link, pickle.dumps((p.UNITS, ledger.id, batch))))
                 if self.exhausted and not (ledger.pending or ledger.where or ledger.verifying):

@@ -15,7 +15,7 @@ from .._core.recorder import Totals
 from .._errors import WorkerStartError
 from . import protocol as p
 from .backends import Backend, Started
-from .protocol import Kind, WorkerConfig
+from .protocol import Kind, WorkerConfig, marks_size
 
 __all__ = ["CallState", "Fleet", "Link", "Slot"]
 
@@ -58,7 +58,7 @@ class CallState(Protocol):
 
 
 class Link:
-    """One worker's life in a slot: its pipe, how many units it holds, and whether it serves yet."""
+    """One worker's life in a slot: its pipe, its marks, how many units it holds, whether it serves yet."""
 
     def __init__(self, slot: Slot, started: Started) -> None:
         self.slot = slot
@@ -68,6 +68,10 @@ class Link:
         self.dead = False
         #: Units of any call handed to this worker and not yet settled or given back.
         self.handed = 0
+        #: The worker's marks in shared memory (``protocol``), or None: the worker sends them.
+        self.marks = started.marks
+        #: Places of the marks that no unit handed to this worker holds.
+        self._free = list(range(marks_size(slot.share)))
         #: COMMITs of a dead predecessor this worker was asked about: (call, index).
         self.verifying: list[tuple[int, int]] = []
 
@@ -82,6 +86,21 @@ class Link:
 
     def name(self) -> str:
         return f"worker {self.slot.number}"
+
+    def take_place(self) -> int:
+        """A place for a unit handed to this worker, its mark cleared (under the fleet's lock)."""
+        place = self._free.pop()
+        if self.marks is not None:
+            self.marks[place] = p.MARK_HANDED
+        return place
+
+    def free_place(self, place: int) -> None:
+        """The unit at ``place`` settled or came back (under the fleet's lock)."""
+        self._free.append(place)
+
+    def mark(self, place: int) -> int:
+        """The shared mark at ``place``: read only once the worker has ended (see ``_tend``)."""
+        return p.MARK_HANDED if self.marks is None else self.marks[place]
 
 
 class Slot:
@@ -204,7 +223,9 @@ class Fleet:
                 if self.closing:
                     link.send(pickle.dumps((p.EXIT,)))
             self._read(link)
-            started.wait(EXIT_GRACE_S if self.closing else 1.0)
+            if not started.wait(EXIT_GRACE_S if self.closing else 1.0) and link.marks is not None:
+                started.kill()  # its pipe ended but it did not: end it, so that its marks hold still
+                started.wait(EXIT_GRACE_S)
             why = started.describe_end()
             with contextlib.suppress(OSError):
                 started.connection.close()

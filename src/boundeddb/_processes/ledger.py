@@ -6,9 +6,11 @@ Each unit the call pulled from the input is, at every moment, in exactly one of 
 
 - *pending*: pulled, not handed to a worker (or handed back: returned, or its worker died
   before it started it);
-- *handed*: sent to a worker, which has not said it started it (``where[i] = (link, item)``);
-- *started*: the worker said so before the unit's first statement (``where[i] = (link, None)``);
-- *committing*: also sent its value and transaction id, before its COMMIT;
+- *handed*: sent to a worker, with a place of its marks (``where[i] = (link, item, place, when)``);
+- *started*: the worker marked it begun before the unit's first statement (in the shared marks,
+  read when the worker died; or by a STARTED message, ``where[i] = (link, None, place, when)``);
+- *committing*: the worker marked it committing before its COMMIT (by message with its value and,
+  with ``verify_commits``, its transaction id: ``committing[i]``);
 - *verifying*: its worker died while committing it, and the next worker in the slot asks the
   server what became of it (``verify_commits=True``);
 - *settled*: it has an outcome.
@@ -61,8 +63,8 @@ class Ledger:
         self.stop_on_failure = stop_on_failure
         self.verify = verify
         self.pending: deque[tuple[int, bytes]] = deque()
-        self.where: dict[int, tuple[Link, bytes | None]] = {}
-        self.started: dict[int, float] = {}
+        #: Units handed to a worker: (link, item or None once STARTED, place, when handed or STARTED).
+        self.where: dict[int, tuple[Link, bytes | None, int, float]] = {}
         self.committing: dict[int, tuple[str | None, bytes]] = {}
         self.verifying: dict[int, float] = {}
         self.outcomes: list[Outcome[Any]] = []
@@ -73,9 +75,8 @@ class Ledger:
         #: The input is exhausted: the loop wants to hear of every unit that settles (to end).
         self.draining = False
         self.error: BaseException | None = None
-        self.in_flight = 0
-        self.peak_in_flight = 0
-        self.peaks: dict[Link, int] = {}
+        #: What each worker said of the call when it closed it: peak connections, peak units in flight.
+        self.peaks: dict[Link, tuple[int, int]] = {}
         self._wakeup, self._waker = socket.socketpair()
         self._wakeup.setblocking(False)
         self._waker.setblocking(False)
@@ -96,46 +97,44 @@ class Ledger:
         if outcome.error is not None and self.stop_on_failure:
             self.stopping = True
 
-    def _unstart(self, index: int) -> float:
-        self.in_flight -= 1
-        return self.started.pop(index)
+    @property
+    def in_flight(self) -> int:
+        """Units started and not settled, as far as the parent can tell now (for statistics)."""
+        return sum(1 for link, item, place, _ in self.where.values() if _begun(link, item, place))
 
     def on_message(self, link: Link, message: tuple[Any, ...]) -> bool:
         """Take in what a worker said of this call; whether the call's loop has something to do now."""
         tag = message[0]
-        if tag == p.STARTED:
-            index = message[2]
-            self.where[index] = (link, None)
-            self.started[index] = perf_counter()
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            return False
-        if tag == p.COMMITTING:
-            self.committing[message[2]] = (message[3], message[4])
-            return False
         if tag == p.OUTCOME:
             _, _, index, latency, wait, attempts, unknown, verified, failed, data, text = message
-            del self.where[index]
+            link.free_place(self.where.pop(index)[2])
             link.handed -= 1
-            self._unstart(index)
-            payload = self.committing.pop(index, (None, None))[1]
+            committed = self.committing.pop(index, None)
             value, error = None, None
             if failed:
                 error = p.load_error(data, text, index)
             else:
-                value, error = _load_value(payload, index)
+                value, error = _load_value(data if committed is None else committed[1], index)
             self.settle(Outcome(index, value, error, latency, wait, attempts, unknown, verified))
             # The loop refills a worker once half of what it was handed has settled (call.py).
             return self.draining or self.stopping or link.handed <= link.slot.share
+        if tag == p.STARTED:
+            index = message[2]
+            self.where[index] = (link, None, self.where[index][2], perf_counter())
+            return False
+        if tag == p.COMMITTING:
+            self.committing[message[2]] = (message[3], message[4])
+            return False
         if tag == p.RETURNED:
             for index in message[2]:
-                _, item = self.where.pop(index)
+                _, item, place, _ = self.where.pop(index)
+                link.free_place(place)
                 link.handed -= 1
                 if item is not None and not self.stopping:
                     self.pending.appendleft((index, item))
         elif tag == p.CLOSED:
             self.open_on.discard(link)
-            self.peaks[link] = message[2]
+            self.peaks[link] = (message[2], message[3])
         elif tag == p.CALL_FAILED:
             if self.error is None:
                 self.error = p.load_error(message[2], message[3], -1)
@@ -152,32 +151,32 @@ class Ledger:
         self.open_on.discard(link)
         to_verify: list[tuple[int, str]] = []
         now = perf_counter()
-        for index, (held_by, item) in list(self.where.items()):
+        for index, (held_by, item, place, since) in list(self.where.items()):
             if held_by is not link:
                 continue
             touched = True
             del self.where[index]
-            if item is not None:  # handed, never started: it runs elsewhere
+            if item is not None and link.mark(place) == p.MARK_HANDED:  # never begun: it runs elsewhere
                 if not self.stopping:
                     self.pending.appendleft((index, item))
                 continue
-            started = self._unstart(index)
             error = WorkerLostError(f"unit {index} was running when its {link.name()} died: {why}")
             committing = self.committing.get(index)
-            if committing is None:  # no COMMIT sent: its transaction died with the connection
-                self.settle(Outcome(index, None, error, now - started, 0.0))
-            elif self.verify and committing[0] is not None and not self.cancelled:
-                self.verifying[index] = started
+            if committing is None and link.mark(place) != p.MARK_COMMITTING:
+                # No COMMIT sent: its transaction died with the connection.
+                self.settle(Outcome(index, None, error, now - since, 0.0))
+            elif committing is not None and self.verify and committing[0] is not None and not self.cancelled:
+                self.verifying[index] = since
                 to_verify.append((index, committing[0]))
             else:  # with verify_commits and no id, it wrote nothing: nothing of it was committed
-                del self.committing[index]
-                nothing = self.verify and committing[0] is None
+                self.committing.pop(index, None)
+                nothing = self.verify and committing is not None and committing[0] is None
                 self.settle(
                     Outcome(
                         index,
                         None,
                         error,
-                        now - started,
+                        now - since,
                         0.0,
                         commit_unknown=not nothing,
                         commit_verified=nothing,
@@ -203,7 +202,8 @@ class Ledger:
 
     def waiting(self) -> int:
         """Units pulled and not started yet: pending, or handed to a worker that has not started them."""
-        return len(self.pending) + sum(1 for _, item in self.where.values() if item is not None)
+        begun = sum(1 for link, item, place, _ in self.where.values() if _begun(link, item, place))
+        return len(self.pending) + len(self.where) - begun
 
     # -- the call's loop's side -----------------------------------------------------------------------
 
@@ -237,8 +237,8 @@ class Ledger:
             latency_p95_s=percentile(latencies, 0.95),
             latency_p99_s=percentile(latencies, 0.99),
             latency_max_s=latencies[-1] if latencies else 0.0,
-            peak_in_flight=self.peak_in_flight,
-            peak_connections=sum(self.peaks.values()),
+            peak_in_flight=sum(units for _, units in self.peaks.values()),
+            peak_connections=sum(connections for connections, _ in self.peaks.values()),
             loop_lag_p99_s=lag_p99,
             loop_lag_max_s=lag_max,
             retried=sum(max(0, outcome.attempts - 1) for outcome in outcomes),
@@ -256,6 +256,11 @@ class Ledger:
         if self.stop_on_failure and (failed := failures_error(report)) is not None:
             raise failed
         return report
+
+
+def _begun(link: Link, item: bytes | None, place: int) -> bool:
+    """Whether a handed unit has begun: its worker said so, or marked it so (read live: a snapshot)."""
+    return item is None or link.mark(place) != p.MARK_HANDED
 
 
 def _load_value(payload: bytes | None, index: int) -> tuple[Any, Exception | None]:

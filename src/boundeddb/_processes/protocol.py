@@ -21,6 +21,7 @@ __all__ = [
     "dump_error",
     "dump_value",
     "load_error",
+    "marks_size",
 ]
 
 
@@ -44,10 +45,28 @@ class WorkerConfig:
     verify_commits: bool
 
 
+# -- marks: what a worker's units have begun, where the parent reads it when the worker dies -------
+# The parent gives each unit it hands to a worker a *place* (an index into the worker's marks, free
+# again once the unit settled or came back) and clears its mark. The worker marks the unit before
+# the unit's first statement, and again before its COMMIT. A local worker stores the marks in memory
+# it shares with the parent: no message, no system call; the parent reads them only once the
+# worker has ended (so they cannot change any more). A worker that may be on another host (Dask)
+# has no shared memory: it sends each mark in a message instead (STARTED, COMMITTING), in the
+# pipe before the step it announces.
+MARK_HANDED = 0  # handed, not begun: if the worker dies, the unit runs on another
+MARK_BEGUN = 1  # its first statement may have been sent: if the worker dies, the unit failed
+MARK_COMMITTING = 2  # its COMMIT may have been sent: if the worker dies, its outcome is unknown
+
+
+def marks_size(share: int) -> int:
+    """Places a worker with this share needs: the parent hands it at most twice its share of units."""
+    return 2 * share
+
+
 # -- messages: tuples whose first item says what they are ------------------------------------------
 # Parent to worker.
 CALL = 1  # (CALL, call, kind, fn pickled): a call's function, before its first units
-UNITS = 2  # (UNITS, call, [(index, item pickled), ...]): units to run, in this order
+UNITS = 2  # (UNITS, call, [(index, item pickled, place), ...]): units to run, in this order
 CLOSE = 3  # (CLOSE, call): no more units: finish, then CLOSED
 STOP = 4  # (STOP, call): start no more units (RETURNED), finish those in flight, then CLOSED
 CANCEL = 5  # (CANCEL, call): as STOP, and cancel the units in flight (rolled back)
@@ -55,11 +74,16 @@ VERIFY = 6  # (VERIFY, kind, [(call, index, xid), ...]): ask the server what bec
 EXIT = 7  # (EXIT,): dispose of the engines and end
 # Worker to parent.
 READY = 11  # (READY, pid): the worker serves
-STARTED = 12  # (STARTED, call, index): sent before the unit's first statement
-COMMITTING = 13  # (COMMITTING, call, index, xid, value pickled): sent before the unit's COMMIT
-OUTCOME = 14  # (OUTCOME, call, index, latency, wait, attempts, unknown, verified, error pickled, text)
+STARTED = 12  # (STARTED, call, index): MARK_BEGUN, by message (no shared marks)
+#: (COMMITTING, call, index, xid, value pickled): MARK_COMMITTING by message (no shared marks), or,
+#: with ``verify_commits``, what the parent needs to ask the server if the worker dies.
+COMMITTING = 13
+#: (OUTCOME, call, index, latency, wait, attempts, unknown, verified, failed, data, text): ``data``
+#: is the error pickled if it failed, else the value pickled (None if COMMITTING carried it).
+OUTCOME = 14
 RETURNED = 15  # (RETURNED, call, [index, ...]): handed units it will not start
-CLOSED = 16  # (CLOSED, call, peak connections): the call has nothing in flight on this worker
+#: (CLOSED, call, peak connections, peak units in flight): nothing of the call is left on this worker.
+CLOSED = 16
 CALL_FAILED = 17  # (CALL_FAILED, call, error pickled, text): the call cannot run here (no engine)
 VERIFIED = 18  # (VERIFIED, call, index, "committed" | "aborted" | "unknown")
 

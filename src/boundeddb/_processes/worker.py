@@ -33,16 +33,16 @@ from .worker_call import Gate, WorkerCall
 __all__ = ["main", "serve"]
 
 
-def main(connection: Connection, config: WorkerConfig) -> None:
-    """Serve as a local worker process until the parent says exit or goes away."""
+def main(connection: Connection, config: WorkerConfig, marks: Any | None) -> None:
+    """Serve as a local worker process until the parent says exit or goes away; ``marks`` is shared."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it cancels what runs here
-    serve(connection, config)
+    serve(connection, config, None if marks is None else memoryview(marks).cast("B"))
 
 
-def serve(connection: Connection, config: WorkerConfig) -> None:
-    """Serve over ``connection`` in this thread, on an event loop of its own."""
+def serve(connection: Connection, config: WorkerConfig, marks: memoryview | None = None) -> None:
+    """Serve over ``connection`` in this thread, on an event loop of its own (marks: see ``protocol``)."""
     try:
-        asyncio.run(Worker(connection, config).serve())
+        asyncio.run(Worker(connection, config, marks).serve())
     finally:
         _hang_up(connection)
 
@@ -62,9 +62,10 @@ def _hang_up(connection: Connection) -> None:
 class Worker:
     """One worker: its engine (one per kind of function, built once), its gate, and the calls it serves."""
 
-    def __init__(self, connection: Connection, config: WorkerConfig) -> None:
+    def __init__(self, connection: Connection, config: WorkerConfig, marks: memoryview | None) -> None:
         self._connection = connection
         self._config = config
+        self.marks = marks
         self._send_lock = threading.Lock()
         #: Messages to send with the next write (see post()).
         self._posted: list[tuple[Any, ...]] = []
@@ -224,7 +225,7 @@ class Worker:
             call.held = 0
             self._calls.pop(call.id, None)
             with contextlib.suppress(OSError):
-                self.send((p.CLOSED, call.id, peak))
+                self.send((p.CLOSED, call.id, peak, call.peak_held))
 
     # -- what became of a COMMIT when the worker sending it died ---------------------------------
 

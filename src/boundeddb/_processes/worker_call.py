@@ -21,9 +21,11 @@ __all__ = ["Gate", "Outbox", "WorkerCall"]
 
 
 class Outbox(Protocol):
-    """What a call needs of its worker: the pipe to the parent, the gate, and the id's SQL."""
+    """What a call needs of its worker: the pipe to the parent, its marks, the gate, and the id's SQL."""
 
     gate: Gate
+    #: The marks the worker shares with the parent (``protocol``), or None: it sends them instead.
+    marks: memoryview | None
     #: With ``verify_commits``: the SQL that reads a transaction's id; else None.
     xid_sql: str | None
 
@@ -85,43 +87,43 @@ def _load_item(data: bytes, index: int) -> Any:
 
 
 class _AsyncUnit:
-    """``fn(session, item)`` on an AsyncSession; its value and transaction id go to the parent first."""
+    """``fn(session, item)`` on an AsyncSession, marked begun before and committing after it."""
 
-    __slots__ = ("_call", "_index", "_item")
+    __slots__ = ("_call", "_index", "_item", "_place")
 
-    def __init__(self, call: WorkerCall, index: int, item: bytes) -> None:
-        self._call, self._index, self._item = call, index, item
+    def __init__(self, call: WorkerCall, index: int, item: bytes, place: int) -> None:
+        self._call, self._index, self._item, self._place = call, index, item, place
 
     async def __call__(self, session: AsyncSession) -> None:
         call, index = self._call, self._index
-        call.worker.flush()  # its STARTED, before fn does anything
+        call.begin(self._place)
         value = await call.fn(session, _load_item(self._item, index))
         payload = p.dump_value(value, index)
         xid = None
         if call.xid_sql is not None:
             await session.flush()  # what COMMIT would send first: the id covers it
             xid = (await session.execute(text(call.xid_sql))).scalar()
-        call.committing(index, xid, payload)
+        call.committing(index, self._place, xid, payload)
 
 
 class _SyncUnit:
     """``fn(session, item)`` on a Session, in a worker thread; as :class:`_AsyncUnit`."""
 
-    __slots__ = ("_call", "_index", "_item")
+    __slots__ = ("_call", "_index", "_item", "_place")
 
-    def __init__(self, call: WorkerCall, index: int, item: bytes) -> None:
-        self._call, self._index, self._item = call, index, item
+    def __init__(self, call: WorkerCall, index: int, item: bytes, place: int) -> None:
+        self._call, self._index, self._item, self._place = call, index, item, place
 
     def __call__(self, session: Session) -> None:
         call, index = self._call, self._index
-        call.worker.flush()  # its STARTED, before fn does anything
+        call.begin(self._place)
         value = call.fn(session, _load_item(self._item, index))
         payload = p.dump_value(value, index)
         xid = None
         if call.xid_sql is not None:
             session.flush()
             xid = session.execute(text(call.xid_sql)).scalar()
-        call.committing(index, xid, payload)
+        call.committing(index, self._place, xid, payload)
 
 
 class WorkerCall:
@@ -138,12 +140,16 @@ class WorkerCall:
         #: The caller's trace context, when it is instrumented (``boundeddb.instrument()``).
         self.carrier = carrier
         self.xid_sql = worker.xid_sql
-        self.queue: deque[tuple[int, bytes]] = deque()
+        self.marks = worker.marks
+        #: Values of units that committed, to send with their outcomes (when no COMMITTING carried them).
+        self.values: dict[int, bytes] = {}
+        self.queue: deque[tuple[int, bytes, int]] = deque()
         #: The in-process runner's index of each started unit (pull order) -> the parent's index.
         self.order: dict[int, int] = {}
         self._pulled = 0
-        #: Gate places held by this call's units.
+        #: Gate places held by this call's units, and the most at once.
         self.held = 0
+        self.peak_held = 0
         self.closing = False
         self.stopping = False
         self.running = False
@@ -152,9 +158,9 @@ class WorkerCall:
 
     # -- what the parent says ---------------------------------------------------------------------
 
-    def add(self, units: Iterable[tuple[int, bytes]]) -> None:
+    def add(self, units: Iterable[tuple[int, bytes, int]]) -> None:
         if self.stopping:
-            self.worker.send((p.RETURNED, self.id, [index for index, _ in units]))
+            self.worker.send((p.RETURNED, self.id, [unit[0] for unit in units]))
             return
         self.queue.extend(units)
         self._wakeup.set()
@@ -175,13 +181,13 @@ class WorkerCall:
 
     def return_queued(self) -> None:
         if self.queue:
-            self.worker.send((p.RETURNED, self.id, [index for index, _ in self.queue]))
+            self.worker.send((p.RETURNED, self.id, [unit[0] for unit in self.queue]))
             self.queue.clear()
 
     # -- the in-process runner's side --------------------------------------------------------------
 
     async def units(self) -> AsyncIterator[Callable[[Any], Any]]:
-        """The units as the runner pulls them: each takes a gate place and is announced first."""
+        """The units as the runner pulls them, each holding a place of the gate."""
         gate, unit = self.worker.gate, _AsyncUnit if self.kind is Kind.ASYNC else _SyncUnit
         while True:
             while not self.queue:
@@ -193,22 +199,38 @@ class WorkerCall:
             if not self.queue:  # stopped meanwhile
                 gate.release()
                 continue
-            index, item = self.queue.popleft()
+            index, item, place = self.queue.popleft()
             self.held += 1
+            self.peak_held = max(self.peak_held, self.held)
             self.order[self._pulled] = index
             self._pulled += 1
-            self.worker.post((p.STARTED, self.id, index))  # in the pipe before fn runs: see flush()
-            yield unit(self, index, item)
+            if self.marks is None:
+                self.worker.post((p.STARTED, self.id, index))  # in the pipe before fn runs: see begin()
+            yield unit(self, index, item, place)
 
-    def committing(self, index: int, xid: Any, payload: bytes) -> None:
-        self.worker.send((p.COMMITTING, self.id, index, None if xid is None else str(xid), payload))
+    def begin(self, place: int) -> None:
+        """Mark a unit begun, before its first statement: a dead worker's begun units do not run again."""
+        if self.marks is None:
+            self.worker.flush()  # its STARTED
+        else:
+            self.marks[place] = p.MARK_BEGUN
+
+    def committing(self, index: int, place: int, xid: Any, payload: bytes) -> None:
+        """Mark a unit committing, before its COMMIT; with its value, where the parent may need it then."""
+        if self.marks is None or self.xid_sql is not None:
+            self.worker.send((p.COMMITTING, self.id, index, None if xid is None else str(xid), payload))
+        else:
+            self.values[index] = payload
+        if self.marks is not None:
+            self.marks[place] = p.MARK_COMMITTING
 
     def settled(self, outcome: Outcome[Any]) -> None:
         self.held -= 1
         self.worker.gate.release()
         index = self.order.pop(outcome.index)
         error = outcome.error
-        data, text_ = (None, "") if error is None else p.dump_error(error, index)
+        value = self.values.pop(index, None)
+        data, text_ = (value, "") if error is None else p.dump_error(error, index)
         self.worker.post(
             (
                 p.OUTCOME,
