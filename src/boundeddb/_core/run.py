@@ -28,6 +28,7 @@ from .recorder import NullRecorder
 __all__ = [
     "END",
     "REFUSED",
+    "CallbackSink",
     "ListSink",
     "Pulled",
     "Run",
@@ -95,6 +96,15 @@ class ValueSink:
 
     def put(self, outcome: Outcome[Any]) -> None:
         self.outcome = outcome
+
+
+class CallbackSink:
+    """A ProcessRunner worker's feed: each outcome to a callback on the loop as it settles; none kept."""
+
+    thread_safe = False
+
+    def __init__(self, put: Callable[[Outcome[Any]], None]) -> None:
+        self.put = put
 
 
 class StreamSink:

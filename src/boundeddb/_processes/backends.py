@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import queue
 import secrets
 import signal
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 
 from .._errors import WorkerStartError
 from . import worker
-from .protocol import WorkerConfig, marks_size
+from .protocol import WorkerConfig, most_handed
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -99,15 +100,13 @@ class LocalProcesses:
         self._context = multiprocessing.get_context(method)
 
     def default_workers(self) -> int:
-        import os
-
         affinity = getattr(os, "sched_getaffinity", None)
         return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
     def start(self, number: int, config: WorkerConfig) -> _LocalWorker:
         ours, theirs = self._context.Pipe(duplex=True)
         # Shared memory handed over at spawn (no name to leak): the child's stores are visible here.
-        shared = self._context.RawArray("B", marks_size(config.share)) if self.share_marks else None
+        shared = self._context.RawArray("B", most_handed(config.share)) if self.share_marks else None
         process = self._context.Process(  # type: ignore[attr-defined]
             target=worker.main, args=(theirs, config, shared), name=f"boundeddb-worker-{number}", daemon=True
         )
@@ -134,9 +133,21 @@ def _reachable_host(scheduler_address: str) -> str:
         return address
 
 
+def _no_delay(connection: Connection) -> None:
+    """
+    Send each message of a TCP connection at once (``TCP_NODELAY``).
+
+    Else Nagle's algorithm holds a small message back until the previous one is acknowledged,
+    which the peer delays up to 40 ms: the workers would wait for units, and the parent for outcomes.
+    """
+    with socket.socket(fileno=os.dup(connection.fileno())) as duplicate:  # options are the socket's
+        duplicate.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def serve_dask(address: tuple[str, int], authkey: bytes, token: str, config: WorkerConfig) -> None:
     """A Dask task: connect back to the runner and serve as one of its workers until told to exit."""
     connection = Client(address, authkey=authkey)
+    _no_delay(connection)
     connection.send_bytes(token.encode())
     worker.serve(connection, config)
 
@@ -191,6 +202,7 @@ class DaskCluster:
             except Exception:  # a peer that failed the handshake (or close()'s poke)
                 continue
             try:
+                _no_delay(connection)
                 token = connection.recv_bytes().decode()
             except (EOFError, OSError):
                 continue

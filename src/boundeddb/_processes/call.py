@@ -16,7 +16,7 @@ from .._telemetry import active
 from . import protocol as p
 from .fleet import Fleet, Link
 from .ledger import Ledger
-from .protocol import Kind
+from .protocol import Kind, most_handed
 
 __all__ = ["CANCEL_GRACE_S", "Call"]
 
@@ -102,9 +102,9 @@ class Call:
         return self.ledger.report(self._started, limit, loop_lag, self.input_error)
 
     def _room(self) -> dict[Link, int]:
-        """How many more units each serving worker takes now (under the lock): up to twice its share."""
+        """How many more units each serving worker takes now (under the lock): see ``most_handed``."""
         return {
-            link: 2 * link.slot.share - link.handed
+            link: most_handed(link.slot.share) - link.handed
             for link in self.fleet.ready_links()
             if link.handed <= link.slot.share
         }

@@ -15,7 +15,7 @@ from .._core.recorder import Totals
 from .._errors import WorkerStartError
 from . import protocol as p
 from .backends import Backend, Started
-from .protocol import Kind, WorkerConfig, marks_size
+from .protocol import Kind, WorkerConfig, most_handed
 
 __all__ = ["CallState", "Fleet", "Link", "Slot"]
 
@@ -71,7 +71,7 @@ class Link:
         #: The worker's marks in shared memory (``protocol``), or None: the worker sends them.
         self.marks = started.marks
         #: Places of the marks that no unit handed to this worker holds.
-        self._free = list(range(marks_size(slot.share)))
+        self._free = list(range(most_handed(slot.share)))
         #: COMMITs of a dead predecessor this worker was asked about: (call, index).
         self.verifying: list[tuple[int, int]] = []
 

@@ -116,7 +116,7 @@ class Ledger:
             else:
                 value, error = _load_value(data if committed is None else committed[1], index)
             self.settle(Outcome(index, value, error, latency, wait, attempts, unknown, verified))
-            # The loop refills a worker once half of what it was handed has settled (call.py).
+            # The loop refills a worker once only its share is left handed to it (call.py).
             return self.draining or self.stopping or link.handed <= link.slot.share
         if tag == p.STARTED:
             index = message[2]

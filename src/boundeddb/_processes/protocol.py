@@ -21,7 +21,7 @@ __all__ = [
     "dump_error",
     "dump_value",
     "load_error",
-    "marks_size",
+    "most_handed",
 ]
 
 
@@ -58,9 +58,14 @@ MARK_BEGUN = 1  # its first statement may have been sent: if the worker dies, th
 MARK_COMMITTING = 2  # its COMMIT may have been sent: if the worker dies, its outcome is unknown
 
 
-def marks_size(share: int) -> int:
-    """Places a worker with this share needs: the parent hands it at most twice its share of units."""
-    return 2 * share
+def most_handed(share: int) -> int:
+    """
+    Units the parent hands a worker with this share at most, so places of its marks.
+
+    Three times its share: the parent refills a worker once only its share is left handed to it,
+    so a refill is twice the share, and the worker has units queued while the refill travels.
+    """
+    return 3 * share
 
 
 # -- messages: tuples whose first item says what they are ------------------------------------------

@@ -211,9 +211,7 @@ class Worker:
             peaks = track_peak(engine.pool if isinstance(engine, Engine) else engine.sync_engine.pool)
             try:
                 with attached(call.carrier):  # the caller's span is this call's units' parent
-                    async with contextlib.aclosing(runner.stream(call.units())) as outcomes:
-                        async for outcome in outcomes:
-                            call.settled(outcome)
+                    await runner._feed(call.units(), call.settled)
             finally:
                 peak = peaks.peak
                 peaks.close()

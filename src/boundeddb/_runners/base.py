@@ -22,7 +22,7 @@ from .._core.feedback import Feedback
 from .._core.limiter import Limiter
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
-from .._core.run import ListSink, Run, SinkT, StreamSink, ValueSink, next_outcome
+from .._core.run import CallbackSink, ListSink, Run, SinkT, StreamSink, ValueSink, next_outcome
 from .._dialects import Dialect, for_name
 from .._errors import RunnerClosedError, UnitMisuseError
 from .._outcome import Outcome, RunReport
@@ -297,6 +297,16 @@ class BaseRunner:
                 send.close()  # in case the producer was cancelled before it started
                 receive.close()
         run.raise_for(RunReport(sink.failures, self._stats(recorder)))
+
+    async def _feed(self, units: AsyncIterable[Any], settled: Callable[[Outcome[Any]], None]) -> None:
+        """
+        Run ``units`` as :meth:`_stream_units` does, handing each outcome to ``settled`` on the loop.
+
+        A ProcessRunner worker's call: its feed of units holds back by itself (a place of the
+        worker's gate each), so no window and no stream between the run and the consumer.
+        """
+        with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
+            await self._drive(self._new_run(units, CallbackSink(settled), recorder, priority=0))
 
     async def _submit_unit(self, unit: Any, priority: object, on_outcome: object = None) -> Any:
         priority = check_priority(priority)
