@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -598,6 +599,12 @@ def dask_client() -> Iterator[Any]:
         yield client
 
 
+def no_delay(connection: Any) -> bool:
+    """Whether a TCP connection sends each write at once (``TCP_NODELAY``)."""
+    with socket.socket(fileno=os.dup(connection.fileno())) as duplicate:
+        return bool(duplicate.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
 async def test_map_on_a_dask_cluster(
     rows: Engine, dask_client: Any, pg_server: PostgresServer, pg_schema: str, app_name: str
 ) -> None:
@@ -611,6 +618,9 @@ async def test_map_on_a_dask_cluster(
             assert runner.processes == 2
             await both_ready(runner)
             report = await runner.map(partial(units.insert_and_sleep, seconds=0.01), range(200))
+            # Small messages go out at once: with Nagle's algorithm each waited for an acknowledgement.
+            links = [slot.link for slot in runner._fleet.slots]
+            assert all(link is not None and no_delay(link.started.connection) for link in links)
     assert [outcome.value for outcome in report.outcomes] == list(range(200))
     assert pids(rows) == cluster_pids
     assert committed(rows) == dict.fromkeys(range(200), 1)

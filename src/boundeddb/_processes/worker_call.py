@@ -209,10 +209,15 @@ class WorkerCall:
             yield unit(self, index, item, place)
 
     def begin(self, place: int) -> None:
-        """Mark a unit begun, before its first statement: a dead worker's begun units do not run again."""
-        if self.marks is None:
-            self.worker.flush()  # its STARTED
-        else:
+        """
+        Mark a unit begun, before its first statement: a dead worker's begun units do not run again.
+
+        What was posted goes first (with message marks, this unit's STARTED): the outcomes of the
+        units that settled before it took their place, so that if the worker dies, no more than its
+        share of units is ever in doubt.
+        """
+        self.worker.flush()
+        if self.marks is not None:
             self.marks[place] = p.MARK_BEGUN
 
     def committing(self, index: int, place: int, xid: Any, payload: bytes) -> None:
