@@ -99,7 +99,12 @@ class ValueSink:
 
 
 class CallbackSink:
-    """A ProcessRunner worker's feed: each outcome to a callback on the loop as it settles; none kept."""
+    """
+    A ProcessRunner worker's call: each outcome to a callback on the loop as it settles; none kept.
+
+    Unlike ``stream()``, no window and no memory stream stand between the run and the consumer:
+    the worker's feed of units holds back by itself (each unit takes a place of the worker's gate).
+    """
 
     thread_safe = False
 

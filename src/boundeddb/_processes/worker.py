@@ -23,6 +23,7 @@ from .._dialects import for_name
 from .._errors import WorkerLostError
 from .._executors.pool import track_peak
 from .._executors.verify import CommitVerifier
+from .._runners.base import feed
 from .._runners.semaphore import SemaphoreRunner
 from .._runners.thread_offload import ThreadOffloadRunner
 from .._telemetry import attached
@@ -211,7 +212,7 @@ class Worker:
             peaks = track_peak(engine.pool if isinstance(engine, Engine) else engine.sync_engine.pool)
             try:
                 with attached(call.carrier):  # the caller's span is this call's units' parent
-                    await runner._feed(call.units(), call.settled)
+                    await feed(runner, call.units(), call.settled)
             finally:
                 peak = peaks.peak
                 peaks.close()

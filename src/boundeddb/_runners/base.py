@@ -44,7 +44,7 @@ from .checks import (
 )
 from .observers import Observers
 
-__all__ = ["BaseRunner"]
+__all__ = ["BaseRunner", "feed"]
 
 RunnerT = TypeVar("RunnerT", bound="BaseRunner")
 _NULL_RECORDER = NullRecorder()
@@ -298,16 +298,6 @@ class BaseRunner:
                 receive.close()
         run.raise_for(RunReport(sink.failures, self._stats(recorder)))
 
-    async def _feed(self, units: AsyncIterable[Any], settled: Callable[[Outcome[Any]], None]) -> None:
-        """
-        Run ``units`` as :meth:`_stream_units` does, handing each outcome to ``settled`` on the loop.
-
-        A ProcessRunner worker's call: its feed of units holds back by itself (a place of the
-        worker's gate each), so no window and no stream between the run and the consumer.
-        """
-        with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
-            await self._drive(self._new_run(units, CallbackSink(settled), recorder, priority=0))
-
     async def _submit_unit(self, unit: Any, priority: object, on_outcome: object = None) -> Any:
         priority = check_priority(priority)
         hook = check_on_outcome(on_outcome)
@@ -324,3 +314,11 @@ class BaseRunner:
         self._observers.totals.add(sink.outcome)
         run.serve_hook()
         return sink.outcome.unwrap()
+
+
+async def feed(
+    runner: BaseRunner, units: AsyncIterable[Any], settled: Callable[[Outcome[Any]], None]
+) -> None:
+    """Run ``units`` on ``runner``, handing each outcome to ``settled`` on the loop (see ``CallbackSink``)."""
+    with runner._bound(), runner._observers.recording(runner._engine.pool, keep_latencies=False) as recorder:
+        await runner._drive(runner._new_run(units, CallbackSink(settled), recorder, priority=0))
