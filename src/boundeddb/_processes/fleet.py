@@ -99,7 +99,7 @@ class Link:
         self._free.append(place)
 
     def mark(self, place: int) -> int:
-        """The shared mark at ``place``: read only once the worker has ended (see ``_tend``)."""
+        """The shared mark at ``place``: final once the worker has ended (``_tend``), a snapshot before."""
         return p.MARK_HANDED if self.marks is None else self.marks[place]
 
 
