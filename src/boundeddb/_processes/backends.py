@@ -32,8 +32,8 @@ class Started(Protocol):
     """One worker as started: the pipe to it, its marks, and how to end it."""
 
     connection: Connection
-    #: The worker's unit marks in memory both processes share (see ``protocol.Marks``), or None
-    #: where the worker may be on another host: it then says each mark in a message.
+    #: The worker's unit marks in memory both processes share (see ``protocol``), or None where
+    #: the worker may be on another host: it then says each mark in a message.
     marks: memoryview | None
 
     def kill(self) -> None:

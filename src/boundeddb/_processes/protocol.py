@@ -62,8 +62,9 @@ def most_handed(share: int) -> int:
     """
     Units the parent hands a worker with this share at most, so places of its marks.
 
-    Three times its share: the parent refills a worker once only its share is left handed to it,
-    so a refill is twice the share, and the worker has units queued while the refill travels.
+    Three times its share: the parent refills a worker once no more than its share is left handed
+    to it, so each refill is twice the share (at twice its share, a refill was the share: twice as
+    many for the parent to send and the worker to read).
     """
     return 3 * share
 
