@@ -18,6 +18,7 @@ from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
 from ._autolimit import AutoLimit
+from ._batch import BatchPolicy
 from ._errors import (
     BoundedDBError,
     RunFailed,
@@ -46,6 +47,7 @@ except _PackageNotFoundError:  # pragma: no cover - running from a source tree w
 
 __all__ = [
     "AutoLimit",
+    "BatchPolicy",
     "BoundedDBError",
     "ChunkedRunner",
     "Outcome",

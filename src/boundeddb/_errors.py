@@ -15,7 +15,7 @@
 
 Bad arguments raise the builtin :class:`TypeError` or :class:`ValueError`.
 A unit's own exception is never wrapped: :meth:`~boundeddb.SemaphoreRunner.submit` raises it unchanged,
-a batch collects it into :class:`RunFailed` or into :attr:`Outcome.error <boundeddb.Outcome.error>`.
+a run collects it into :class:`RunFailed` or into :attr:`Outcome.error <boundeddb.Outcome.error>`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class BoundedDBError(Exception):
 
 class RunFailed(ExceptionGroup[Exception], BoundedDBError):
     """
-    One or more units of a batch failed and the runner was asked to raise (``errors="raise"``).
+    One or more units of a run failed and the runner was asked to raise (``errors="raise"``).
 
     It is an :class:`ExceptionGroup` of each failed unit's own exception, in input order,
     so ``except* IntegrityError:`` catches the units that hit a constraint.
@@ -121,14 +121,14 @@ class UnitMisuseError(BoundedDBError, TypeError):
     unit): the runner owns the transaction, and cannot promise "all or nothing" for a unit that
     commits part of its work on its own.
 
-    With ``errors="raise"`` the batch stops and this error is raised once the units in flight
+    With ``errors="raise"`` the run stops and this error is raised once the units in flight
     finish; with ``errors="collect"`` it is the unit's :attr:`Outcome.error <boundeddb.Outcome.error>`
     and the other units run. A list of units is checked before any database work, and a bad one
     is raised at once whatever ``errors`` says.
 
     .. versionadded:: 0.1.0
     .. versionchanged:: 0.2.0
-       With ``errors="collect"``, a unit's misuse is its outcome instead of stopping the batch.
+       With ``errors="collect"``, a unit's misuse is its outcome instead of stopping the run.
     """
 
 

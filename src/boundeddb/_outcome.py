@@ -1,4 +1,4 @@
-"""What became of one unit, :class:`Outcome`, and of a batch, :class:`RunReport`."""
+"""What became of one unit, :class:`Outcome`, and of a run, :class:`RunReport`."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class Outcome(Generic[T]):
 @dataclasses.dataclass(frozen=True, slots=True, repr=False)
 class RunReport(Generic[T]):
     """
-    Everything a batch, ``run()`` or ``map()``, did, in input order.
+    Everything a run, ``run()`` or ``map()``, did, in input order.
 
     Every unit the runner pulled from the input has an outcome here:
     it committed and is ``ok``, or it failed and was rolled back,

@@ -70,6 +70,15 @@ class RunStats:
     #:
     #: .. versionadded:: 0.2.0
     commits_verified: int = 0
+    #: Transactions of ``batch=`` that committed, each holding one or more units; 0 without batches.
+    #:
+    #: .. versionadded:: 0.3.0
+    batches_committed: int = 0
+    #: Units that ran in a batch that was rolled back, and so ran again: alone, or in a smaller batch
+    #: (see :class:`~boundeddb.BatchPolicy`); 0 without batches.
+    #:
+    #: .. versionadded:: 0.3.0
+    units_rerun: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +126,14 @@ class RunnerStatistics:
     #:
     #: .. versionadded:: 0.2.0
     slot_wait_s: float = 0.0
+    #: Transactions of ``batch=`` that committed since the runner was made.
+    #:
+    #: .. versionadded:: 0.3.0
+    batches_committed: int = 0
+    #: Units that ran again because their batch was rolled back, since the runner was made.
+    #:
+    #: .. versionadded:: 0.3.0
+    units_rerun: int = 0
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:

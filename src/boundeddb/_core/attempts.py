@@ -185,6 +185,39 @@ class Attempts:
         self._tell_retry(shown, attempt, delay)
         return delay
 
+    def again(self, error: Exception, attempt: int, latency_s: float) -> float | None:
+        """
+        Seconds before a batch whose attempt number ``attempt`` failed with ``error`` runs again as a
+        whole, or ``None`` if it is not to: the policy does not retry the error, or it ran out.
+        """
+        if self._failed is not None:
+            self._failed(error.error if isinstance(error, ConnectFailed) else error, latency_s)
+        if isinstance(error, UnitMisuse):
+            return None
+        if isinstance(error, ConnectFailed):
+            shown: Exception = error.error
+            retry = attempt < self._retry.attempts
+        else:
+            shown = error
+            retry = self._retry.should_retry(error, attempt)
+        if not retry:
+            return None
+        delay = self._retry.delay(attempt)
+        name = type(shown).__qualname__
+        logger.debug("a batch's attempt %d failed with %s; retrying it in %.3f s", attempt, name, delay)
+        self._tell_retry(shown, attempt, delay)
+        return delay
+
+    @staticmethod
+    def commit_unknown(unknown: CommitUnknown, first: int, units: int) -> None:
+        """Log, once for the batch, a COMMIT of ``units`` units from ``first`` whose fate is unknown."""
+        logger.warning(
+            "batch of %d units from unit %d: the connection failed during COMMIT (%s); it may have committed",
+            units,
+            first,
+            type(unknown.error).__qualname__,
+        )
+
     def _tell_retry(self, error: Exception, attempt: int, delay: float) -> None:
         """The policy's ``on_retry`` and the retries counter, told of a retry (not the per-unit path)."""
         hook = self._retry.on_retry

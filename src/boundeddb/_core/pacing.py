@@ -292,10 +292,11 @@ async def drive(
     loop_lag: LoopLag | None = None,
     controller: LimitController | None = None,
     feedback: Feedback | None = None,
+    read_ahead: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> None:
     """
     Run every unit of ``run`` with ``workers`` workers, beside the loop-lag ticker (and the
-    controller's and the feedback's, if any).
+    controller's, the feedback's and the task that reads an async input ahead, if any).
 
     The workers run in a child task, not in the caller's: cancelled together with the ticker when
     the caller is — by a cancel scope, but also by a native ``Task.cancel()``,
@@ -313,6 +314,8 @@ async def drive(
                 helpers.start_soon(state.adjust_forever)
             if feedback is not None:
                 helpers.start_soon(feedback.tick_forever)
+            if read_ahead is not None:
+                helpers.start_soon(read_ahead)
 
             async def work() -> None:
                 try:

@@ -66,6 +66,12 @@ class NullRecorder:
     def attempt_resumed(self) -> None:
         pass
 
+    def batch_committed(self) -> None:
+        pass
+
+    def rerun(self, units: int) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -75,6 +81,7 @@ class Recorder(NullRecorder):
 
     __slots__ = (
         "_lock",
+        "batches_committed",
         "checkouts",
         "commit_unknown",
         "commits_verified",
@@ -88,6 +95,7 @@ class Recorder(NullRecorder):
         "started",
         "submitted",
         "succeeded",
+        "units_rerun",
         "wait_s",
     )
 
@@ -98,6 +106,8 @@ class Recorder(NullRecorder):
         self.retried = 0
         self.commits_verified = 0
         self.commit_unknown = 0
+        self.batches_committed = 0
+        self.units_rerun = 0
         self.wait_s = 0.0
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -142,6 +152,16 @@ class Recorder(NullRecorder):
             if self.in_flight > self.peak_in_flight:
                 self.peak_in_flight = self.in_flight
 
+    def batch_committed(self) -> None:
+        """A batch's transaction committed (``batch=``)."""
+        with self._lock:
+            self.batches_committed += 1
+
+    def rerun(self, units: int) -> None:
+        """``units`` that ran in a batch that was rolled back will run again."""
+        with self._lock:
+            self.units_rerun += units
+
     def close(self) -> None:
         """Stop tracking the pool's checkouts (idempotent; also done by :meth:`finish`)."""
         self.checkouts.close()
@@ -169,20 +189,25 @@ class Recorder(NullRecorder):
             loop_lag_max_s=lag_max,
             retried=self.retried,
             commits_verified=self.commits_verified,
+            batches_committed=self.batches_committed,
+            units_rerun=self.units_rerun,
             **limits,
         )
+
+
+#: What :class:`Totals` counts: a :class:`Recorder`'s fields of the same names.
+_COUNTED = ("succeeded", "failed", "commit_unknown", "retried", "wait_s", "batches_committed", "units_rerun")
 
 
 class Totals:
     """A runner's counters since it was made: its finished runs' and submits', and its live runs'."""
 
-    __slots__ = ("_live", "_lock", "commit_unknown", "failed", "retried", "succeeded", "wait_s")
+    __slots__ = ("_counts", "_live", "_lock")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._live: set[Recorder] = set()
-        self.succeeded = self.failed = self.commit_unknown = self.retried = 0
-        self.wait_s = 0.0
+        self._counts: list[float] = [0] * len(_COUNTED)
 
     def follow(self, recorder: Recorder) -> None:
         """Count ``recorder``'s run while it lasts (then :meth:`merge` it)."""
@@ -193,39 +218,38 @@ class Totals:
         """A run is over: keep its counts, stop following it."""
         with self._lock, recorder._lock:
             self._live.discard(recorder)
-            self._add(
-                recorder.succeeded,
-                recorder.failed,
-                recorder.commit_unknown,
-                recorder.retried,
-                recorder.wait_s,
-            )
+            self._add([getattr(recorder, name) for name in _COUNTED])
 
     def add(self, outcome: Outcome[object]) -> None:
         """One unit settled outside any recorded run (``submit()``)."""
         failed = outcome.error is not None
         with self._lock:
             self._add(
-                not failed, failed, outcome.commit_unknown, max(0, outcome.attempts - 1), outcome.wait_s
+                [not failed, failed, outcome.commit_unknown, max(0, outcome.attempts - 1), outcome.wait_s]
             )
 
-    def _add(self, succeeded: int, failed: int, commit_unknown: int, retried: int, wait_s: float) -> None:
-        self.succeeded += succeeded
-        self.failed += failed
-        self.commit_unknown += commit_unknown
-        self.retried += retried
-        self.wait_s += wait_s
+    def _add(self, counts: list[Any]) -> None:
+        for position, count in enumerate(counts):
+            self._counts[position] += count
 
     def figures(self) -> dict[str, Any]:
         """The :class:`~boundeddb.RunnerStatistics` counter fields, live runs included."""
         with self._lock:
-            figures = [self.succeeded, self.failed, self.commit_unknown, self.retried, self.wait_s]
+            figures = list(self._counts)
             for recorder in self._live:
                 with recorder._lock:
-                    live = (recorder.succeeded, recorder.failed, recorder.commit_unknown)
-                    figures = [
-                        a + b
-                        for a, b in zip(figures, (*live, recorder.retried, recorder.wait_s), strict=True)
-                    ]
-        names = ("succeeded", "failed", "commit_unknown", "retried", "slot_wait_s")
-        return dict(zip(names, figures, strict=True))
+                    for position, name in enumerate(_COUNTED):
+                        figures[position] += getattr(recorder, name)
+        names = (
+            "succeeded",
+            "failed",
+            "commit_unknown",
+            "retried",
+            "slot_wait_s",
+            "batches_committed",
+            "units_rerun",
+        )
+        return {
+            name: figure if name == "slot_wait_s" else int(figure)
+            for name, figure in zip(names, figures, strict=True)
+        }

@@ -12,7 +12,8 @@ import contextlib
 import enum
 import math
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sized
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sized
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 import anyio
@@ -198,6 +199,8 @@ class Run(Generic[SinkT]):
         self._async_iterator: AsyncIterator[Any] | None = None
         self._pull_lock = threading.Lock()
         self._async_pull_lock: anyio.Lock | None = None
+        #: With batches of an async input: the units a task of its own pulled ahead.
+        self._ahead: _Ahead | None = None
         if isinstance(units, AsyncIterable):
             self._async_iterator = aiter(units)
         else:
@@ -243,7 +246,10 @@ class Run(Generic[SinkT]):
             if self.stopping:
                 return END
             try:
-                unit = await anext(self._async_iterator, _EXHAUSTED)  # type: ignore[arg-type]
+                if self._ahead is not None:
+                    unit = await self._ahead.take()
+                else:
+                    unit = await anext(self._async_iterator, _EXHAUSTED)  # type: ignore[arg-type]
             except Exception as error:
                 self.input_error, self.stopping = error, True
                 return END
@@ -252,6 +258,28 @@ class Run(Generic[SinkT]):
             index = self._next_index
             self._next_index = index + 1
         return self._admit(unit, index)
+
+    async def pull_before(self, deadline: float) -> tuple[Any, int] | Pulled | None:
+        """
+        As :meth:`pull`, or ``None`` if no unit came by ``deadline`` (``anyio.current_time()``).
+
+        For an async input, only once :meth:`read_ahead`'s task runs: an ``anext()`` is never
+        interrupted, only the wait for what that task pulled.
+        """
+        pulled: tuple[Any, int] | Pulled | None = None
+        with anyio.CancelScope(deadline=deadline):
+            pulled = await self.pull()
+        return pulled
+
+    def read_ahead(self, capacity: int) -> Callable[[], Coroutine[Any, Any, None]] | None:
+        """
+        Have an async input pulled ahead, at most ``capacity`` units, by a task running the returned
+        function, so that :meth:`pull_before` can give up waiting; ``None`` for a plain iterable.
+        """
+        if self._async_iterator is None:
+            return None
+        self._ahead = _Ahead(self._async_iterator, capacity)
+        return self._ahead.fill
 
     def _admit(self, unit: Any, index: int) -> tuple[Any, int] | Pulled:
         """Count the unit as started, or settle it on the spot if it fails its check."""
@@ -313,6 +341,54 @@ class Run(Generic[SinkT]):
         report = RunReport(outcomes, stats)
         self.raise_for(report)
         return report
+
+
+class _Ahead:
+    """An async input pulled by a task of its own into a buffer, for :meth:`Run.pull_before`."""
+
+    def __init__(self, iterator: AsyncIterator[Any], capacity: int) -> None:
+        self._iterator = iterator
+        self._capacity = capacity
+        self._units: deque[Any] = deque()
+        self._ended = False
+        self._error: Exception | None = None
+        self._arrived = anyio.Event()
+        self._taken = anyio.Event()
+
+    async def fill(self) -> None:
+        """Pull the input until it ends, keeping at most ``capacity`` units not yet taken."""
+        try:
+            while True:
+                while len(self._units) >= self._capacity:
+                    if self._taken.is_set():
+                        self._taken = anyio.Event()
+                    await self._taken.wait()
+                try:
+                    unit = await anext(self._iterator, _EXHAUSTED)
+                except Exception as error:  # the caller's input failed: the taker re-raises it
+                    self._error = error
+                    return
+                if unit is _EXHAUSTED:
+                    return
+                self._units.append(unit)
+                self._arrived.set()
+        finally:
+            self._ended = True
+            self._arrived.set()
+
+    async def take(self) -> Any:
+        """The next unit, or ``_EXHAUSTED``; raises the input's own error. Cancelling it loses nothing."""
+        while not self._units:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                return _EXHAUSTED
+            if self._arrived.is_set():
+                self._arrived = anyio.Event()
+            await self._arrived.wait()
+        unit = self._units.popleft()
+        self._taken.set()
+        return unit
 
 
 def _also(

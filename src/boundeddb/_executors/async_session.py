@@ -21,12 +21,15 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.pool import PoolProxiedConnection
 
+from .._batch import BatchPolicy
 from .._core.attempts import Attempts, CommitUnknown
+from .._core.batches import Batches
 from .._core.limiter import Slot
-from .._core.pacing import Body, Worker, serve_one
+from .._core.pacing import Body, Served, Worker, serve_one
 from .._core.run import Run
 from .._dialects import Dialect
 from .._errors import UnitTimeout
+from .batch_script import attempt_batch_async
 from .pool import HOOKS, install_connect_hooks
 from .script import attempt_async
 from .verify import bind_script, verified_async
@@ -145,6 +148,15 @@ class AsyncWorker(Worker):
         """Whether ``error``, raised before the session had a connection, is the connect failing."""
         return self.opening or isinstance(error, sa_exc.TimeoutError)  # opening, or a pool timeout
 
+    def next_unit(self, index: int) -> None:
+        """A batch's next unit, or its COMMIT, starts: a ``timeout`` of its own from now."""
+        self._index = index
+        if self._timer is not None:
+            self._timer.cancel()
+            assert self.task is not None
+            assert self._timeout is not None
+            self._timer = self.task.get_loop().call_later(self._timeout, self._on_deadline)
+
     def committing(self) -> None:
         """Where a deferred cancellation or a deadline that passed takes effect."""
         self._opened()
@@ -194,6 +206,7 @@ class AsyncSessionExecutor:
         timeout: float | None,
         runner: str,
         verify_commits: bool = False,
+        batch: BatchPolicy | None = None,
     ) -> None:
         install_connect_hooks(engine)
         self._attempts = attempts
@@ -202,7 +215,21 @@ class AsyncSessionExecutor:
             attempt_async, verified_async, engine, dialect, verify_commits, sessions, dialect, runner
         )
         #: Pull one unit and attempt it, with no await between the worker and the unit but this one.
-        self.serve = functools.partial(serve_one, attempts, self.attempt)
+        self.serve: Callable[[Run[Any], AsyncWorker, float], Coroutine[Any, Any, Served]] = functools.partial(
+            serve_one, attempts, self.attempt
+        )
+        if batch is not None:
+            attempt_batch = bind_script(
+                attempt_batch_async,
+                verified_async,
+                engine,
+                dialect,
+                verify_commits,
+                sessions,
+                dialect,
+                runner,
+            )
+            self.serve = Batches(batch, attempts, self.attempt, attempt_batch).serve
 
     def check(self, unit: object, index: int) -> str | None:
         if callable(unit):

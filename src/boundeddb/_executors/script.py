@@ -24,7 +24,17 @@ from .._core.attempts import CommitUnknown, ConnectFailed, UnitMisuse
 from .._dialects import STATEMENT_ENDED, Dialect
 from .._errors import UnitTimeout
 
-__all__ = ["AsyncGuard", "DeadlinePassed", "SyncGuard", "attempt_async", "attempt_sync"]
+__all__ = [
+    "AsyncGuard",
+    "DeadlinePassed",
+    "SyncGuard",
+    "attempt_async",
+    "attempt_sync",
+    "flush_and_read_xid",
+    "note_failure",
+    "returned_awaitable",
+    "returned_no_awaitable",
+]
 
 logger = logging.getLogger("boundeddb.units")
 
@@ -69,6 +79,27 @@ def ended_transaction_message(index: int) -> str:
     )
 
 
+def returned_no_awaitable(result: object, index: int, runner: str) -> UnitMisuse:
+    """The misuse of an async runner's unit that returned something other than an awaitable."""
+    msg = (
+        f"unit {index} returned {type(result).__name__}, not an awaitable: "
+        f"{runner} runs `async def unit(session: AsyncSession)`; "
+        "run plain functions with ThreadOffloadRunner"
+    )
+    return UnitMisuse(msg)
+
+
+def returned_awaitable(value: object, index: int) -> UnitMisuse:
+    """The misuse of a thread unit that returned an awaitable, which is closed unawaited."""
+    if inspect.iscoroutine(value):
+        value.close()
+    msg = (
+        f"unit {index} returned an awaitable: ThreadOffloadRunner runs plain "
+        "`def unit(session: Session)`; run async units with SemaphoreRunner"
+    )
+    return UnitMisuse(msg)
+
+
 # -- async: AsyncSession, in the worker's own task ------------------------------------------------------
 
 
@@ -98,30 +129,25 @@ async def attempt_async(
         guard.connecting(index)
         result = unit(session)
         if not inspect.isawaitable(result):
-            msg = (
-                f"unit {index} returned {type(result).__name__}, not an awaitable: "
-                f"{runner} runs `async def unit(session: AsyncSession)`; "
-                "run plain functions with ThreadOffloadRunner"
-            )
-            raise UnitMisuse(msg)
+            raise returned_no_awaitable(result, index, runner)
         try:
             value = await result
         except Exception as error:
-            _note_failure(dialect, guard, error)
+            note_failure(dialect, guard, error)
             raise
         if session.sync_session.get_transaction() is not transaction:
             raise UnitMisuse(ended_transaction_message(index))
         if xid_sql is not None:
             try:
-                xid = await session.run_sync(_flush_and_read_xid, xid_sql, guard)
+                xid = await session.run_sync(flush_and_read_xid, xid_sql, guard)
             except Exception as error:  # before COMMIT: a failure like any of the unit's own
-                _note_failure(dialect, guard, error)
+                note_failure(dialect, guard, error)
                 raise
         guard.committing()
         try:
             await session.commit()  # connects here if the unit sent nothing itself
         except Exception as error:
-            _note_failure(dialect, guard, error)
+            note_failure(dialect, guard, error)
             # A failed COMMIT can leave the transaction open on the connection: discard it.
             await invalidate_async(session, guard.connection)
             if dialect.commit_fate_unknown(error):
@@ -143,7 +169,7 @@ async def attempt_async(
             guard.closed()
 
 
-def _flush_and_read_xid(session: Session, xid_sql: str, guard: AsyncGuard) -> Any:
+def flush_and_read_xid(session: Session, xid_sql: str, guard: AsyncGuard) -> Any:
     """The transaction's id once the unit's pending changes are sent, as COMMIT would send them first."""
     session.flush()
     if guard.connection is None:  # it sent nothing, so it has no id
@@ -151,7 +177,7 @@ def _flush_and_read_xid(session: Session, xid_sql: str, guard: AsyncGuard) -> An
     return session.connection().exec_driver_sql(xid_sql).scalar()
 
 
-def _note_failure(dialect: Dialect, guard: AsyncGuard, error: Exception) -> None:
+def note_failure(dialect: Dialect, guard: AsyncGuard, error: Exception) -> None:
     """Raise :class:`ConnectFailed` if ``error`` is the session failing to connect; else note a lost one."""
     connection = guard.connection
     if connection is None:
@@ -224,13 +250,7 @@ def attempt_sync(
                     raise UnitTimeout(index, timeout) from error
             raise
         if inspect.isawaitable(value):
-            if inspect.iscoroutine(value):
-                value.close()
-            msg = (
-                f"unit {index} returned an awaitable: ThreadOffloadRunner runs plain "
-                "`def unit(session: Session)`; run async units with SemaphoreRunner"
-            )
-            raise UnitMisuse(msg)
+            raise returned_awaitable(value, index)
         if session.get_transaction() is not transaction:
             raise UnitMisuse(ended_transaction_message(index))
         if timeout is not None and (guard.timed_out or perf_counter() - started > timeout):

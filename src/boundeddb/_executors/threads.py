@@ -25,12 +25,15 @@ import anyio.to_thread
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from .._batch import BatchPolicy
 from .._core.attempts import Attempts, Retry
+from .._core.batches import Batches, Pending
 from .._core.limiter import Limiter, Slot
 from .._core.pacing import EXHAUSTED, MORE, RETRY, Body, Served, Worker, serve_one
 from .._core.run import END, REFUSED, Run
 from .._dialects import Dialect
 from .._outcome import Outcome
+from .batch_script import attempt_batch_sync
 from .deadlines import StatementDeadlines
 from .script import DeadlinePassed, attempt_sync
 from .verify import bind_script, verified_sync
@@ -173,6 +176,7 @@ class ThreadExecutor:
         timeout: float | None,
         max_threads: int,
         verify_commits: bool = False,
+        batch: BatchPolicy | None = None,
     ) -> None:
         self._dialect = dialect
         self._attempts = attempts
@@ -191,6 +195,11 @@ class ThreadExecutor:
         )
         self._threads: tuple[object, anyio.CapacityLimiter] | None = None
         self._last_checked: object = None
+        if batch is not None:
+            self._batch_script: Callable[[Handle, list[Pending], int], list[Any]] = bind_script(
+                attempt_batch_sync, verified_sync, engine, dialect, verify_commits, sessions, dialect, timeout
+            )
+            self.serve = Batches(batch, attempts, self.attempt, self._attempt_batch).serve  # type: ignore[method-assign]
 
     def check(self, unit: object, index: int) -> str | None:
         if not callable(unit):
@@ -240,6 +249,17 @@ class ThreadExecutor:
             return await anyio.to_thread.run_sync(
                 self._script, worker.handle, unit, index, limiter=self._thread_limiter()
             )
+        except Stopped:
+            pass
+        await _cancelled()
+
+    async def _attempt_batch(self, worker: ThreadWorker, units: list[Pending], first: int) -> list[Any]:
+        """One attempt of a batch in a worker thread (see ``batch_script.attempt_batch_sync``)."""
+        try:
+            values: list[Any] = await anyio.to_thread.run_sync(
+                self._batch_script, worker.handle, units, first, limiter=self._thread_limiter()
+            )
+            return values
         except Stopped:
             pass
         await _cancelled()

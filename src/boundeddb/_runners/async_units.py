@@ -50,6 +50,7 @@ class AsyncUnitsRunner(BaseRunner):
             timeout=self._timeout,
             runner=type(self).__name__,
             verify_commits=self._verify_commits,
+            batch=self._batch,
         )
 
     async def run(
@@ -163,7 +164,7 @@ class AsyncUnitsRunner(BaseRunner):
         """
         Run one unit under the runner's shared limit and return its value.
 
-        Meant for web handlers: every concurrent :meth:`submit` and batch of one runner shares
+        Meant for web handlers: every concurrent :meth:`submit` and run of one runner shares
         the same :attr:`limit`, so a burst of requests queues for a slot instead of exhausting the pool.
         ``on_outcome`` is called with the unit's :class:`~boundeddb.Outcome` once it settles, before
         this returns (after the runner's own ``on_outcome``); if it raises, so does ``submit()``.

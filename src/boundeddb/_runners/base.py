@@ -7,6 +7,7 @@ A concrete runner supplies its executor (how one attempt runs: async, or in a th
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -15,10 +16,12 @@ import anyio
 import anyio.lowlevel
 from sqlalchemy.engine import Engine
 
+from .._batch import BatchPolicy, check_batch
 from .._core.adaptive import LimitController, limit_figures
 from .._core.attempts import Attempts
 from .._core.background import Background
 from .._core.feedback import Feedback
+from .._core.gather import Gather
 from .._core.limiter import Limiter
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
@@ -85,6 +88,7 @@ class BaseRunner:
         reserve: object,
         verify_commits: object,
         on_outcome: object = None,
+        batch: object = None,
     ) -> None:
         """Check every argument before any database work, and build what every call shares."""
         self._sessions = self._check_sessions(sessions)
@@ -106,6 +110,11 @@ class BaseRunner:
         failed = self._controller.failed if self._controller is not None else None
         self._observers = Observers(self, engine.dialect.name, on_outcome, async_units=self._async_units)
         self._attempts = Attempts(self._retry, failed=failed, labels=self._observers.labels)
+        #: ``batch=``: None for one transaction per unit, the hot path's default.
+        self._batch: BatchPolicy | None = check_batch(batch)
+        self._gather = (
+            None if self._batch is None else Gather(self._batch.size, self._batch.linger, self._run_gathered)
+        )
         self._executor: Executor[Any] = self._new_executor()
         self._closed = False
         self._binding = LoopBinding(type(self).__name__)
@@ -160,9 +169,15 @@ class BaseRunner:
         """
         Refuse new work from now on; calls already running finish as usual.
 
-        The engine is the caller's: it is not disposed.
+        The engine is the caller's: it is not disposed. With ``batch=``, units of :meth:`submit`
+        calls that wait for their batch to fill start at once.
         """
+        self._close()
+
+    def _close(self) -> None:
         self._closed = True
+        if self._gather is not None:
+            self._gather.close()
 
     async def __aenter__(self: RunnerT) -> RunnerT:
         return self
@@ -232,11 +247,17 @@ class BaseRunner:
         *,
         adapt: bool = True,
         feedback: Feedback | None = None,
+        workers: int | None = None,
     ) -> None:
-        workers = int(min(self._limiter.share(run.priority), max(1, run.size)))
+        size = 1 if self._batch is None else self._batch.size
+        if workers is None:
+            wanted = run.size if size == 1 or run.size == math.inf else math.ceil(run.size / size)
+            workers = int(min(self._limiter.share(run.priority), max(1, wanted)))
         pacer, controller = self._new_pacer(workers), self._controller if adapt else None
+        # A batch waits for an async input with a deadline: a task of its own pulls it ahead.
+        read_ahead = None if self._batch is None else run.read_ahead(self._max_limit * size)
         await drive(run, self._executor, self._attempts, pacer, self._limiter, workers, loop_lag=loop_lag,
-                    controller=controller, feedback=feedback)  # fmt: skip
+                    controller=controller, feedback=feedback, read_ahead=read_ahead)  # fmt: skip
 
     def _stats(self, recorder: Recorder) -> RunStats:
         return recorder.finish(**limit_figures(self._limiter, self._controller, recorder.started))
@@ -271,8 +292,10 @@ class BaseRunner:
     ) -> AsyncGenerator[Outcome[Any], None]:
         units = self._checked_units(units)
         with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
-            # Pulled, not consumed: at most twice the limit (an auto limit's ceiling), so O(limit).
+            # Pulled, not consumed: at most twice the limit (an auto limit's ceiling) in units, or
+            # batches of units, so O(limit) or O(limit x size).
             lookahead = 2 * (self._limiter.limit if self._controller is None else self._max_limit)
+            lookahead *= 1 if self._batch is None else self._batch.size
             send, receive = anyio.create_memory_object_stream[Outcome[Any]](lookahead)
             sink = StreamSink(send)
             window = anyio.Semaphore(lookahead, fast_acquire=True)  # no loop turn per unit
@@ -302,6 +325,8 @@ class BaseRunner:
         priority = check_priority(priority)
         hook = check_on_outcome(on_outcome)
         self._check_now(unit, 0)
+        if self._gather is not None:
+            return await self._submit_gathered(unit, priority, hook)
         with self._bound():
             sink = ValueSink()
             run = self._new_run(
@@ -314,6 +339,28 @@ class BaseRunner:
         self._observers.totals.add(sink.outcome)
         run.serve_hook()
         return sink.outcome.unwrap()
+
+    async def _submit_gathered(
+        self, unit: Any, priority: int, hook: Callable[[Outcome[Any]], object] | None
+    ) -> Any:
+        """``submit()`` with ``batch=``: the unit shares a batch with other calls' units."""
+        assert self._gather is not None
+        with self._bound():
+            outcome = await self._gather.submit(unit, priority)
+            if self._controller is not None:
+                self._controller.adjust()
+        if hook is not None:
+            hook(outcome)
+        return outcome.unwrap()
+
+    async def _run_gathered(
+        self, units: list[Any], priority: int, settled: Callable[[Outcome[Any]], None]
+    ) -> None:
+        """Run ``submit()`` calls' ``units`` as one batch (see ``_core/gather.py``)."""
+        with self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
+            sink = CallbackSink(settled)
+            run = self._new_run(units, sink, recorder, stop_on_failure=False, priority=priority)
+            await self._drive(run, adapt=False, workers=1)
 
 
 async def feed(

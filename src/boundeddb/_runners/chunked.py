@@ -8,6 +8,7 @@ from typing import Any, final
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
+from .._batch import BatchPolicy
 from .._core.pacing import Chunks
 from .._outcome import Outcome
 from .._retry import RetryPolicy
@@ -41,6 +42,8 @@ class ChunkedRunner(AsyncUnitsRunner):
             Must be less than ``chunk_size``. See :doc:`/how-to/priorities`.
         verify_commits: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
         on_outcome: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
+        batch: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.3.0*): a chunk is then
+            ``chunk_size`` batches, with the barrier between chunks.
 
     .. versionadded:: 0.1.0
     """
@@ -58,8 +61,11 @@ class ChunkedRunner(AsyncUnitsRunner):
         reserve: int = 0,
         verify_commits: bool = False,
         on_outcome: Callable[[Outcome[Any]], object] | None = None,
+        batch: int | BatchPolicy | None = None,
     ) -> None:
-        super().__init__(sessions, chunk_size, errors, retry, timeout, reserve, verify_commits, on_outcome)
+        super().__init__(
+            sessions, chunk_size, errors, retry, timeout, reserve, verify_commits, on_outcome, batch
+        )
 
     def _plan_limit(self, limit: object, engine: Engine) -> int:
         return resolve_limit("chunk_size", _default_chunk(limit, engine), engine, "ChunkedRunner")

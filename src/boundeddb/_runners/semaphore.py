@@ -8,6 +8,7 @@ from typing import Any, Literal, final
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from .._autolimit import AutoLimit
+from .._batch import BatchPolicy
 from .._outcome import Outcome
 from .._retry import RetryPolicy
 from .async_units import AsyncUnitsRunner
@@ -51,6 +52,11 @@ class SemaphoreRunner(AsyncUnitsRunner):
             :meth:`submit` included, as it settles, on the event loop; before a call's own
             ``on_outcome``. For metrics and logs: what it raises is logged (``boundeddb.hooks``)
             and ignored. See :doc:`/how-to/observe` (*new in 0.2.0*).
+        batch: Up to this many units in one transaction, an ``int`` or a
+            :class:`~boundeddb.BatchPolicy`; ``None`` or ``1`` for one transaction per unit
+            (*new in 0.3.0*). ``limit`` then bounds batches in flight, so connections still.
+            A unit is ``ok`` only once its batch committed, and a failing unit never takes the
+            others' writes with it; a unit may run more than once. See :doc:`/how-to/batches`.
 
     .. versionadded:: 0.1.0
     """
@@ -66,5 +72,6 @@ class SemaphoreRunner(AsyncUnitsRunner):
         reserve: int = 0,
         verify_commits: bool = False,
         on_outcome: Callable[[Outcome[Any]], object] | None = None,
+        batch: int | BatchPolicy | None = None,
     ) -> None:
-        super().__init__(sessions, limit, errors, retry, timeout, reserve, verify_commits, on_outcome)
+        super().__init__(sessions, limit, errors, retry, timeout, reserve, verify_commits, on_outcome, batch)

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from .._autolimit import AutoLimit
+from .._batch import BatchPolicy
 from .._executors.threads import ThreadExecutor
 from .._outcome import Outcome, RunReport
 from .._progress import feedback_request
@@ -50,6 +51,8 @@ class ThreadOffloadRunner(BaseRunner):
         reserve: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
         verify_commits: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
         on_outcome: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
+        batch: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.3.0*): each batch runs in one
+            worker thread, one session and one transaction.
 
     Cancelling a call cancels the statements in flight with the DBAPI connection's ``cancel()`` or
     SQLite's ``interrupt()``, waits for the threads to finish, rolls back and returns their
@@ -75,8 +78,9 @@ class ThreadOffloadRunner(BaseRunner):
         reserve: int = 0,
         verify_commits: bool = False,
         on_outcome: Callable[[Outcome[Any]], object] | None = None,
+        batch: int | BatchPolicy | None = None,
     ) -> None:
-        super().__init__(sessions, limit, errors, retry, timeout, reserve, verify_commits, on_outcome)
+        super().__init__(sessions, limit, errors, retry, timeout, reserve, verify_commits, on_outcome, batch)
 
     def _check_sessions(self, sessions: object) -> sessionmaker[Any]:
         is_async = isinstance(sessions, async_sessionmaker) or (
@@ -107,7 +111,7 @@ class ThreadOffloadRunner(BaseRunner):
 
     def close(self) -> None:
         """Refuse new work from now on: the sync twin of :meth:`aclose`."""
-        self._closed = True
+        self._close()
 
     def _new_executor(self) -> ThreadExecutor:
         return ThreadExecutor(
@@ -119,6 +123,7 @@ class ThreadOffloadRunner(BaseRunner):
             timeout=self._timeout,
             max_threads=self._max_limit,
             verify_commits=self._verify_commits,
+            batch=self._batch,
         )
 
     # -- the public verbs ---------------------------------------------------------------------------

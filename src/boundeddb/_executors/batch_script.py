@@ -1,0 +1,196 @@
+"""
+The transaction script of one batch: many units one after another in one session, one COMMIT.
+
+The twin of ``script.py`` for ``batch=``, step for step: a unit that raises fails the attempt with
+:class:`~boundeddb._core.batches.BatchUnitFailed`, which names it, and everything is rolled back.
+Each unit has its own ``timeout``; the COMMIT has one of its own. What a failure means for the
+batch's units is the core's to decide (``_core/batches.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any, Protocol
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from .._core.attempts import CommitUnknown, ConnectFailed, UnitMisuse
+from .._core.batches import BatchUnitFailed, Pending
+from .._dialects import STATEMENT_ENDED, Dialect
+from .._errors import UnitTimeout
+from .script import (
+    AsyncGuard,
+    DeadlinePassed,
+    SyncGuard,
+    close_async,
+    close_sync,
+    ended_transaction_message,
+    flush_and_read_xid,
+    invalidate_async,
+    invalidate_sync,
+    note_failure,
+    returned_awaitable,
+    returned_no_awaitable,
+)
+
+__all__ = ["attempt_batch_async", "attempt_batch_sync"]
+
+
+class BatchGuard(AsyncGuard, Protocol):
+    def next_unit(self, index: int) -> None:
+        """The batch's next unit (or its COMMIT) starts: a deadline of its own."""
+        ...
+
+
+async def attempt_batch_async(
+    sessions: Callable[[], AsyncSession],
+    dialect: Dialect,
+    runner: str,
+    xid_sql: str | None,
+    guard: BatchGuard,
+    units: list[Pending],
+    first: int,
+) -> list[Any]:
+    """Run ``units`` once in a new AsyncSession and transaction; their values, or it raises."""
+    session = sessions()
+    xid = None
+    values: list[Any] = []
+    try:
+        transaction = session.sync_session.begin()
+        guard.connecting(first)
+        for position, (unit, index) in enumerate(units):
+            if position:
+                guard.next_unit(index)
+            try:
+                result = unit(session)
+                if not inspect.isawaitable(result):
+                    raise returned_no_awaitable(result, index, runner)
+                values.append(await result)
+                if session.sync_session.get_transaction() is not transaction:
+                    raise UnitMisuse(ended_transaction_message(index))
+            except UnitMisuse as error:
+                raise BatchUnitFailed(position, error) from None
+            except BaseException as error:
+                own = guard.interrupted(error)  # its own deadline passed: UnitTimeout
+                if own is None:
+                    if not isinstance(error, Exception):
+                        raise
+                    note_failure(dialect, guard, error)  # raises ConnectFailed if it never connected
+                    own = error
+                raise BatchUnitFailed(position, own) from None
+        guard.next_unit(units[-1][1])  # the COMMIT's own deadline
+        if xid_sql is not None:
+            try:
+                xid = await session.run_sync(flush_and_read_xid, xid_sql, guard)
+            except Exception as error:  # before COMMIT: the batch's failure, naming no unit
+                note_failure(dialect, guard, error)
+                raise
+        guard.committing()
+        try:
+            await session.commit()
+        except Exception as error:
+            note_failure(dialect, guard, error)
+            await invalidate_async(session, guard.connection)
+            if dialect.commit_fate_unknown(error):
+                raise CommitUnknown(error, xid, values) from None
+            raise
+        return values
+    except BaseException as error:
+        if isinstance(error, (BatchUnitFailed, ConnectFailed)):
+            raise
+        replacement = guard.interrupted(error)
+        if replacement is None:
+            raise
+        if isinstance(replacement, CommitUnknown):  # timed out during COMMIT
+            replacement.xid, replacement.value = xid, values
+        raise replacement from (error if isinstance(error, Exception) else None)
+    finally:
+        guard.closing()
+        try:
+            await close_async(session, guard.connection)
+        finally:
+            guard.closed()
+
+
+def attempt_batch_sync(
+    sessions: Callable[[], Session],
+    dialect: Dialect,
+    timeout: float | None,
+    xid_sql: str | None,
+    guard: SyncGuard,
+    units: list[Pending],
+    first: int,
+) -> list[Any]:
+    """Run ``units`` once in a new Session and transaction, in this thread; their values, or it raises."""
+    session = sessions()
+    connection: Connection | None = None
+    try:
+        transaction = session.begin()
+        guard.connecting()
+        try:
+            connection = session.connection()
+        except Exception as error:
+            raise ConnectFailed(error) from None
+        if timeout is not None and (statement_timeout := dialect.statement_timeout_sql(timeout)):
+            connection.exec_driver_sql(statement_timeout)
+        dbapi_connection = connection.connection.dbapi_connection
+        values: list[Any] = []
+        for position, (unit, index) in enumerate(units):
+            guard.running(dbapi_connection)  # each unit's statements have a deadline of their own
+            started = perf_counter()
+            try:
+                value = _run_sync_unit(session, transaction, unit, index)
+                if timeout is not None and (guard.timed_out or perf_counter() - started > timeout):
+                    raise UnitTimeout(index, timeout)
+            except (UnitMisuse, UnitTimeout) as error:
+                raise BatchUnitFailed(position, error) from None
+            except Exception as error:
+                dialect.note_lost_connection(error, dbapi_connection)
+                timed_out = guard.timed_out or dialect.is_statement_timeout(error)
+                if timeout is not None and timed_out and not guard.cancelled:
+                    raise BatchUnitFailed(position, UnitTimeout(index, timeout)) from error
+                raise BatchUnitFailed(position, error) from None
+            values.append(value)
+        xid = None
+        if xid_sql is not None:
+            try:
+                session.flush()
+                xid = connection.exec_driver_sql(xid_sql).scalar()
+            except Exception as error:
+                dialect.note_lost_connection(error, dbapi_connection)
+                raise
+        try:
+            guard.committing()
+        except DeadlinePassed:
+            assert timeout is not None
+            raise BatchUnitFailed(len(units) - 1, UnitTimeout(units[-1][1], timeout)) from None
+        try:
+            session.commit()
+        except Exception as error:
+            dialect.note_lost_connection(error, dbapi_connection)
+            invalidate_sync(connection)
+            if dialect.commit_fate_unknown(error):
+                raise CommitUnknown(error, xid, values) from None
+            raise
+        return values
+    finally:
+        if guard.closing():
+            invalidate_sync(connection, STATEMENT_ENDED)
+        try:
+            close_sync(session, connection)
+        finally:
+            guard.closed()
+
+
+def _run_sync_unit(session: Session, transaction: Any, unit: Any, index: int) -> Any:
+    """One unit of a batch in this thread: its value; a misuse raises :class:`UnitMisuse`."""
+    value = unit(session)
+    if inspect.isawaitable(value):
+        raise returned_awaitable(value, index)
+    if session.get_transaction() is not transaction:
+        raise UnitMisuse(ended_transaction_message(index))
+    return value
