@@ -106,7 +106,7 @@ class LocalProcesses:
     def start(self, number: int, config: WorkerConfig) -> _LocalWorker:
         ours, theirs = self._context.Pipe(duplex=True)
         # Shared memory handed over at spawn (no name to leak): the child's stores are visible here.
-        shared = self._context.RawArray("B", most_handed(config.share)) if self.share_marks else None
+        shared = self._context.RawArray("B", most_handed(config.units)) if self.share_marks else None
         process = self._context.Process(  # type: ignore[attr-defined]
             target=worker.main, args=(theirs, config, shared), name=f"boundeddb-worker-{number}", daemon=True
         )

@@ -71,7 +71,7 @@ class Link:
         #: The worker's marks in shared memory (``protocol``), or None: the worker sends them.
         self.marks = started.marks
         #: Places of the marks that no unit handed to this worker holds.
-        self._free = list(range(most_handed(slot.share)))
+        self._free = list(range(most_handed(slot.units)))
         #: COMMITs of a dead predecessor this worker was asked about: (call, index).
         self.verifying: list[tuple[int, int]] = []
 
@@ -110,6 +110,8 @@ class Slot:
         self.number = number
         self.config = config
         self.share = config.share
+        #: The most units in flight on its worker: the share, or the share of batches.
+        self.units = config.units
         self.link: Link | None = None
         #: Workers that ended before they were ready, in a row.
         self.failed_starts = 0

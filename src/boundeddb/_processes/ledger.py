@@ -117,7 +117,7 @@ class Ledger:
                 value, error = _load_value(data if committed is None else committed[1], index)
             self.settle(Outcome(index, value, error, latency, wait, attempts, unknown, verified))
             # The loop refills a worker once only its share is left handed to it (call.py).
-            return self.draining or self.stopping or link.handed <= link.slot.share
+            return self.draining or self.stopping or link.handed <= link.slot.units
         if tag == p.STARTED:
             index = message[2]
             self.where[index] = (link, None, self.where[index][2], perf_counter())

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy.engine import URL, make_url
 
 from .._autolimit import check_positive_int
+from .._batch import check_batch
 from .._dialects import for_name
 from .._runners.checks import check_retry, check_timeout, check_verify_commits
 from .backends import Backend, DaskCluster, LocalProcesses
@@ -134,9 +135,11 @@ class Plan:
         timeout: object,
         verify_commits: object,
         cluster: object,
+        batch: object = None,
     ) -> Plan:
         """Check every argument (before any worker starts), each error naming it and the fix."""
         parsed = _check_url(url)
+        checked_batch = check_batch(batch)
         budget = check_positive_int(
             "limit", limit, hint="pass the connection budget of all workers, e.g. limit=8"
         )
@@ -171,7 +174,7 @@ class Plan:
             )
             raise ValueError(msg)
         configs = [
-            WorkerConfig(parsed, options, share, checked_retry, seconds, verify)
+            WorkerConfig(parsed, options, share, checked_retry, seconds, verify, checked_batch)
             for share in _shares(budget, workers)
         ]
         return cls(parsed, budget, workers, verify, backend, configs)

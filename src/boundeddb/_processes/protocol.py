@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from .._batch import BatchPolicy
 from .._errors import UnpicklableError
 from .._retry import RetryPolicy
 
@@ -43,6 +44,13 @@ class WorkerConfig:
     retry: RetryPolicy | None
     timeout: float | None
     verify_commits: bool
+    #: ``batch=``: this worker's runner puts up to ``batch.size`` units in one transaction.
+    batch: BatchPolicy | None = None
+
+    @property
+    def units(self) -> int:
+        """The most units in flight on this worker: its share, or its share of batches."""
+        return self.share * (1 if self.batch is None else self.batch.size)
 
 
 # -- marks: what a worker's units have begun, where the parent reads it when the worker dies -------

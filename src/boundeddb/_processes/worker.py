@@ -75,7 +75,7 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._dialect = for_name(config.url.get_dialect().name)
         self.xid_sql = self._dialect.current_xid_sql if config.verify_commits else None
-        self.gate = Gate(config.share, self._dispose)
+        self.gate = Gate(config.units, self._dispose)
 
     def send(self, message: tuple[Any, ...]) -> None:
         """Send ``message``, after what was posted, to the parent (any thread): in the pipe on return."""
@@ -190,6 +190,7 @@ class Worker:
             "retry": config.retry,
             "timeout": config.timeout,
             "verify_commits": config.verify_commits,
+            "batch": config.batch,
         }
         if isinstance(engine, AsyncEngine):
             return SemaphoreRunner(async_sessionmaker(engine), **options)

@@ -15,6 +15,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from .._batch import BatchPolicy
 from .._core.recorder import LoopLag
 from .._errors import RunnerClosedError
 from .._outcome import RunReport
@@ -65,6 +66,10 @@ class ProcessRunner:
             whose worker died while committing it.
         cluster: A :class:`distributed.Client` (Dask, ``pip install 'boundeddb[dask]'``): workers run as
             long-lived tasks on its workers, each connecting back to this process.
+        batch: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.3.0*): each worker puts up to
+            ``size`` of its units in one transaction, so ``limit`` still bounds connections. A unit
+            whose worker dies while its batch commits is ``commit_unknown``, as every unit of that
+            batch is.
 
     A worker that dies (the OOM killer, SIGKILL) loses and repeats nothing: the units it had
     started fail with :class:`~boundeddb.WorkerLostError` (``commit_unknown`` where its COMMIT may
@@ -86,8 +91,9 @@ class ProcessRunner:
         timeout: float | None = None,
         verify_commits: bool = False,
         cluster: Any = None,
+        batch: int | BatchPolicy | None = None,
     ) -> None:
-        plan = Plan.of(url, limit, processes, engine_options, retry, timeout, verify_commits, cluster)
+        plan = Plan.of(url, limit, processes, engine_options, retry, timeout, verify_commits, cluster, batch)
         self._limit, self._processes, self._url, self._verify = (
             plan.limit,
             plan.processes,
