@@ -31,6 +31,8 @@ __all__ = [
 
 #: Seconds: bucket boundaries for unit durations and slot waits (1 ms to 1 min, roughly x2.5 apart).
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: The buckets of ``boundeddb.batch.size``, in units.
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 _lock = threading.Lock()
 _active: Telemetry | None = None
@@ -139,6 +141,12 @@ class Telemetry:
             description="How long each unit waited for a slot (a connection) of its runner",
             explicit_bucket_boundaries_advisory=BUCKETS_S,
         )
+        self.batch_size = meter.create_histogram(
+            "boundeddb.batch.size",
+            unit="{unit}",
+            description="Units in each batch transaction that committed (batch=)",
+            explicit_bucket_boundaries_advisory=BATCH_BUCKETS,
+        )
         self.retries = meter.create_counter(
             "boundeddb.unit.retries", unit="{attempt}", description="Attempts of units after their first"
         )
@@ -244,17 +252,37 @@ class CallTelemetry:
         #: Whether units get spans here (not in a ProcessRunner's parent: its workers make them).
         self._traced = spans
 
-    def _start(self, index: int) -> Span:
+    def _start(self, index: int, parent: Context | None = None) -> Span:
         span = self._spans[index] = self._telemetry.tracer.start_span(
-            "boundeddb.unit", self._parent, attributes={**self._attributes, "boundeddb.unit.index": index}
+            "boundeddb.unit",
+            self._parent if parent is None else parent,
+            attributes={**self._attributes, "boundeddb.unit.index": index},
         )
         return span
 
-    def wrap(self, unit: Any, index: int) -> Any:
+    def wrap(self, unit: Any, index: int, parent: Context | None = None) -> Any:
         """``unit`` with its span current while it runs (so statement spans are its children)."""
         from opentelemetry import trace
 
-        return _Traced(unit, trace.set_span_in_context(self._start(index), self._parent), self._is_async)
+        span = self._start(index, parent)
+        return _Traced(unit, trace.set_span_in_context(span, self._parent), self._is_async)
+
+    def open_batch(self, batch: list[tuple[Any, int]]) -> tuple[Span, list[tuple[Any, int]]]:
+        """A ``boundeddb.batch`` span for ``batch``, and its units wrapped in spans that are its children."""
+        from opentelemetry import trace
+
+        span = self._telemetry.tracer.start_span(
+            "boundeddb.batch",
+            self._parent,
+            attributes={**self._attributes, "boundeddb.batch.size": len(batch)},
+        )
+        inside = trace.set_span_in_context(span, self._parent)
+        return span, [(self.wrap(unit, index, inside), index) for unit, index in batch]
+
+    def batch_committed(self, units: int) -> None:
+        """A batch transaction of ``units`` units committed."""
+        if self._telemetry.metrics:
+            self._telemetry.batch_size.record(units, self._attributes)
 
     def settled(self, outcome: Outcome[Any]) -> None:
         """Record ``outcome`` and end its unit's span (from any thread)."""

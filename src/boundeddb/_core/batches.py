@@ -73,7 +73,15 @@ class Batches:
         """Pull up to ``size`` units and run them as one batch; EXHAUSTED once the input is."""
         batch, ended = await self._fill(run)
         if batch:
-            await self.settle(run, worker, batch, wait_s)
+            telemetry = run.telemetry
+            if telemetry is None:
+                await self.settle(run, worker, batch, wait_s)
+            else:
+                span, batch = telemetry.open_batch(batch)
+                try:
+                    await self.settle(run, worker, batch, wait_s)
+                finally:
+                    span.end()
         return EXHAUSTED if ended else MORE
 
     async def _fill(self, run: Run[Any]) -> tuple[list[Pending], bool]:
@@ -198,6 +206,8 @@ class Batches:
     ) -> None:
         latency = perf_counter() - started
         run.recorder.batch_committed()
+        if run.telemetry is not None:
+            run.telemetry.batch_committed(len(group))
         finish = run.finish
         for (_, index), value in zip(group, values, strict=True):
             finish(Outcome(index, value, None, latency, wait_s, attempt, commit_verified=verified))

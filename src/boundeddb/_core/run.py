@@ -170,6 +170,7 @@ class Run(Generic[SinkT]):
         on_outcome: Callable[[Outcome[Any]], object] | None = None,
         size: float | None = None,
         telemetry: CallTelemetry | None = None,
+        batched: bool = False,
     ) -> None:
         self.sink = sink
         self._put: Callable[[Outcome[Any]], None] = sink.put
@@ -178,10 +179,13 @@ class Run(Generic[SinkT]):
         if on_outcome is not None:
             self.hook = hook = OutcomeHook(on_outcome, self.stop)
             self._put = _also(self._put, hook.put)
+        #: ``boundeddb.instrument()``'s view of this call; None when not instrumented.
+        self.telemetry = telemetry
         if telemetry is not None:  # boundeddb.instrument(): else nothing more per unit
             self._put = _also(self._put, telemetry.settled)
             self._wrap = telemetry.wrap
-            self._admit = self._admit_wrapped  # type: ignore[method-assign]
+            if not batched:  # a batch wraps its units itself, in its own span
+                self._admit = self._admit_wrapped  # type: ignore[method-assign]
         self.recorder = recorder
         #: With an auto limit: told the latency of each unit that succeeded, from any thread.
         self._observe = observe

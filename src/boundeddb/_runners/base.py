@@ -238,6 +238,7 @@ class BaseRunner:
             on_outcome=hook,
             size=None if request is None else request.size,
             telemetry=telemetry,
+            batched=self._batch is not None,
         )
 
     async def _drive(
