@@ -12,7 +12,7 @@ __all__ = ["RunStats", "RunnerStatistics"]
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunStats:
     """
-    Figures for one batch, measured by the runner while it ran.
+    Figures for one run, measured by the runner while it ran.
 
     Latencies are those of the last attempt of each unit that started.
     ``peak_connections`` counts connections checked out of the engine's pool,
@@ -86,7 +86,7 @@ class RunnerStatistics:
     """
     What a runner holds and what waits for it, at the moment of :meth:`~boundeddb.SemaphoreRunner.statistics`.
 
-    Across all the runner's calls (batches, streams, submits): the state now, and counters since the
+    Across all the runner's calls (runs, maps, streams, submits): the state now, and counters since the
     runner was made (they only grow: a scraper turns them into rates). Taken in a few microseconds:
     cheap enough for a metrics endpoint or a gauge callback; see :doc:`/how-to/observe`.
 

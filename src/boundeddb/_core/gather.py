@@ -14,17 +14,19 @@ at the head of the queue, where the next leader takes them: they are not lost.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._outcome import Outcome
+if TYPE_CHECKING:
+    from .._outcome import Outcome
+
+    #: Runs the units at ``priority`` as one batch, handing each outcome (indexed by position) to
+    #: the callback as it settles. Only for the type checker: ``Outcome[Any]`` built at import
+    #: would name ``Outcome`` by its private module in the runners' signatures (Sphinx).
+    RunBatch = Callable[[list[Any], int, Callable[[Outcome[Any]], None]], Awaitable[None]]
 
 __all__ = ["Gather"]
-
-#: Runs the units at ``priority`` as one batch, handing each outcome (indexed by position) to the
-#: callback as it settles.
-RunBatch = Callable[[list[Any], int, Callable[[Outcome[Any]], None]], Awaitable[None]]
 
 
 class _Call:

@@ -1,5 +1,5 @@
 """
-One run, a batch, a stream or a submit, and where its outcomes go.
+One call's run of units: ``run()``, ``map()``, ``stream()`` or ``submit()``, and where its outcomes go.
 
 A :class:`Run` owns what a call's workers share: the input, pulled one unit at a time with one index
 each; each unit's check; the :class:`Sink` its outcomes go to; when to stop starting units; and what
@@ -270,6 +270,15 @@ class Run(Generic[SinkT]):
         For an async input, only once :meth:`read_ahead`'s task runs: an ``anext()`` is never
         interrupted, only the wait for what that task pulled.
         """
+        ahead = self._ahead
+        if ahead is not None and ahead.ready:
+            # Pulled ahead already: take it now, even at a deadline that has passed (linger=0). The
+            # lock serializes only waits: taking a unit and numbering it never yield.
+            if self.stopping:
+                return END
+            index = self._next_index
+            self._next_index = index + 1
+            return self._admit(ahead.take_nowait(), index)
         pulled: tuple[Any, int] | Pulled | None = None
         with anyio.CancelScope(deadline=deadline):
             pulled = await self.pull()
@@ -380,6 +389,17 @@ class _Ahead:
             self._ended = True
             self._arrived.set()
 
+    @property
+    def ready(self) -> bool:
+        """Whether a unit pulled ahead waits to be taken."""
+        return bool(self._units)
+
+    def take_nowait(self) -> Any:
+        """The next unit pulled ahead; call it only when :attr:`ready`."""
+        unit = self._units.popleft()
+        self._taken.set()
+        return unit
+
     async def take(self) -> Any:
         """The next unit, or ``_EXHAUSTED``; raises the input's own error. Cancelling it loses nothing."""
         while not self._units:
@@ -390,9 +410,7 @@ class _Ahead:
             if self._arrived.is_set():
                 self._arrived = anyio.Event()
             await self._arrived.wait()
-        unit = self._units.popleft()
-        self._taken.set()
-        return unit
+        return self.take_nowait()
 
 
 def _also(

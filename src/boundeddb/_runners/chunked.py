@@ -22,7 +22,7 @@ class ChunkedRunner(AsyncUnitsRunner):
     Run async units in chunks: start ``chunk_size`` units, wait for all of them, then the next chunk.
 
     This is the pattern of the "async chunks of 40" benchmark that bounded concurrency with
-    :func:`asyncio.gather`; it is kept as a baseline and for batch-shaped jobs.
+    :func:`asyncio.gather`; it is kept as a baseline and for jobs shaped in rounds.
     While the slowest unit of a chunk runs, the chunk's other slots stay idle, so
     :class:`~boundeddb.SemaphoreRunner` usually finishes sooner with the same number of connections.
     Concurrent calls on one runner share its ``chunk_size`` slots.

@@ -191,9 +191,9 @@ class ProcessRunner:
         """
         Run ``fn(session, item)`` for every item in the workers, each unit in its own session and transaction.
 
-        Items are pulled lazily and sent to the workers in batches that keep each one busy (at most
-        three times its share handed to it at once). Awaiting it never blocks the event loop (asyncio
-        or trio).
+        Items are pulled lazily and sent to the workers in groups that keep each one busy (at most
+        three times its share handed to it at once). Awaiting it never blocks the event loop
+        (asyncio or trio).
 
         Args:
             fn: A module-level ``async def fn(session: AsyncSession, item)`` or
