@@ -27,6 +27,11 @@ class BatchPolicy:
             slow async iterators; a full batch starts at once, and ``0`` never waits.
             A ``submit()`` with ``priority > 0`` is never held by it.
 
+    Concurrent :meth:`~boundeddb.SemaphoreRunner.submit` calls share batches: each returns its own
+    unit's value, or raises its own exception, once its batch committed. A ``submit()`` cancelled
+    before its batch began withdraws its unit; one cancelled later returns at once, and its unit
+    commits or fails with the batch it is in, as the other callers' units do.
+
     .. versionadded:: 0.3.0
     """
 
