@@ -12,13 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from boundeddb import ProcessRunner, WorkerLostError
-from tests.runners.test_process_runner import (  # noqa: F401 - fixtures
-    both_ready,
-    committed,
-    kill_a_worker_when,
-    make_runner,
-    rows,
-)
+from tests.runners.test_process_runner import both_ready, committed, kill_a_worker_when
 from tests.support import process_units as units
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres, pytest.mark.usefixtures("collect_garbage")]
@@ -32,7 +26,8 @@ def anyio_backend() -> str:
 def transactions(admin: Engine) -> int:
     """The transactions that committed process_rows' rows: a row's ``xmin`` is its inserting one's id."""
     with admin.connect() as connection:
-        return int(connection.execute(text("SELECT count(DISTINCT xmin::text) FROM process_rows")).scalar_one())
+        found = connection.execute(text("SELECT count(DISTINCT xmin::text) FROM process_rows"))
+        return int(found.scalar_one())
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from boundeddb import (
 )
 from boundeddb._processes.backends import LocalProcesses
 from boundeddb.testing import PostgresServer, driver_url
+from tests.runners.conftest import connect_args
 from tests.support import process_units as units
 from tests.support.faults import wait_until
 from tests.support.kits import eventually
@@ -41,39 +42,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.postgres, pytest.mark.usefixtures("
 def anyio_backend() -> str:
     """asyncio, unless a test says trio too: the caller's side is the same code on both."""
     return "asyncio"
-
-
-def _connect_args(driver: str, schema: str, app: str) -> dict[str, Any]:
-    if driver == "asyncpg":
-        return {"server_settings": {"search_path": schema, "application_name": app}}
-    return {"options": f"-c search_path={schema}", "application_name": app}
-
-
-@pytest.fixture
-def rows(admin: Engine) -> Iterator[Engine]:
-    """The process_rows table, new for the test, in the test run's schema; yields the admin engine."""
-    units.Base.metadata.create_all(admin)
-    yield admin
-    units.Base.metadata.drop_all(admin)
-
-
-@pytest.fixture
-def make_runner(
-    pg_server: PostgresServer, pg_schema: str, app_name: str
-) -> Iterator[Callable[..., ProcessRunner]]:
-    """``make(driver, **options)``: a ProcessRunner on the test schema and application_name; closed after."""
-    made: list[ProcessRunner] = []
-
-    def make(driver: str = "asyncpg", **options: Any) -> ProcessRunner:
-        url = driver_url(pg_server.url, driver)  # type: ignore[arg-type]
-        engine_options = {"connect_args": _connect_args(driver, pg_schema, app_name)}
-        runner = ProcessRunner(url, engine_options=engine_options, **options)
-        made.append(runner)
-        return runner
-
-    yield make
-    for runner in made:
-        runner.close()
 
 
 @pytest.fixture(params=[True, False], ids=["shared-marks", "message-marks"])
@@ -610,7 +578,7 @@ async def test_map_on_a_dask_cluster(
 ) -> None:
     """On a LocalCluster: units run in the cluster's worker processes, once each, within the limit."""
     cluster_pids = set(dask_client.run(os.getpid).values())
-    options = {"connect_args": _connect_args("asyncpg", pg_schema, app_name)}
+    options = {"connect_args": connect_args("asyncpg", pg_schema, app_name)}
     with ActivitySampler(rows, app_name) as sampler:
         async with ProcessRunner(
             driver_url(pg_server.url, "asyncpg"), limit=4, cluster=dask_client, engine_options=options
