@@ -20,7 +20,8 @@ from boundeddb._core.climb import Climb
 from boundeddb._core.limiter import Limiter
 from boundeddb._core.pacing import SlidingWindow, drive
 from boundeddb._core.recorder import NullRecorder
-from boundeddb._core.run import ListSink, Run
+from boundeddb._core.run import Run
+from boundeddb._core.sinks import ListSink
 from boundeddb._retry import NO_RETRY
 from tests.support.fakes import FakeExecutor
 

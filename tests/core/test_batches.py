@@ -24,7 +24,8 @@ from boundeddb._core.gather import Gather
 from boundeddb._core.limiter import Limiter
 from boundeddb._core.pacing import SlidingWindow, Worker, drive
 from boundeddb._core.recorder import Recorder
-from boundeddb._core.run import CallbackSink, ListSink, Run
+from boundeddb._core.run import Run
+from boundeddb._core.sinks import CallbackSink, ListSink
 from boundeddb._outcome import Outcome, RunReport
 from tests.support.fakes import FakeExecutor, NoPool
 

@@ -19,7 +19,8 @@ from boundeddb._core.attempts import Attempts, CommitUnknown, ConnectFailed, Uni
 from boundeddb._core.limiter import Limiter
 from boundeddb._core.pacing import Chunks, SlidingWindow, drive
 from boundeddb._core.recorder import Recorder
-from boundeddb._core.run import ListSink, Run
+from boundeddb._core.run import Run
+from boundeddb._core.sinks import ListSink
 from boundeddb._outcome import Outcome, RunReport
 from tests.support.fakes import FakeExecutor, NoPool
 

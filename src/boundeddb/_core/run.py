@@ -8,37 +8,24 @@ to raise at the end.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import math
 import threading
-from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sized
-from typing import Any, Final, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._errors import RunFailed, UnitMisuseError
 from .._outcome import Outcome, RunReport
 from .._stats import RunStats
 from .._telemetry import CallTelemetry
+from .ahead import END_OF_INPUT, ReadAhead
 from .feedback import OutcomeHook
 from .recorder import NullRecorder
+from .sinks import Sink
 
-__all__ = [
-    "END",
-    "REFUSED",
-    "CallbackSink",
-    "ListSink",
-    "Pulled",
-    "Run",
-    "Sink",
-    "StreamSink",
-    "ValueSink",
-    "failures_error",
-    "next_outcome",
-]
+__all__ = ["END", "REFUSED", "Pulled", "Run", "SinkT", "failures_error"]
 
 
 class Pulled(enum.Enum):
@@ -53,101 +40,9 @@ class Pulled(enum.Enum):
 # The per-unit path compares with these by identity, as module globals.
 END: Final = Pulled.END
 REFUSED: Final = Pulled.REFUSED
-#: What ``next()`` returns at the end of the input: a unit may be any object, None included.
-_EXHAUSTED: Any = object()
 
 #: Checks a unit before it runs: ``None`` if it is fine, else what is wrong and how to fix it.
 UnitCheck = Callable[[object, int], "str | None"]
-
-
-class Sink(Protocol):
-    """Where a run's outcomes go."""
-
-    #: Whether :meth:`put` may be called from a worker thread.
-    thread_safe: bool
-
-    def put(self, outcome: Outcome[Any]) -> None: ...
-
-
-class ListSink:
-    """``run()``: every outcome, stored by index, from any thread."""
-
-    thread_safe = True
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.outcomes: list[Outcome[Any]] = []
-
-    def put(self, outcome: Outcome[Any]) -> None:
-        index = outcome.index
-        with self._lock:
-            outcomes = self.outcomes
-            if index >= len(outcomes):
-                outcomes.extend([outcome] * (index + 1 - len(outcomes)))
-            outcomes[index] = outcome
-
-
-class ValueSink:
-    """``submit()``: the one outcome."""
-
-    thread_safe = True
-
-    def __init__(self) -> None:
-        self.outcome: Outcome[Any] | None = None
-
-    def put(self, outcome: Outcome[Any]) -> None:
-        self.outcome = outcome
-
-
-class CallbackSink:
-    """
-    A ProcessRunner worker's call: each outcome to a callback on the loop as it settles; none kept.
-
-    Unlike ``stream()``, no window and no memory stream stand between the run and the consumer:
-    the worker's feed of units holds back by itself (each unit takes a place of the worker's gate).
-    """
-
-    thread_safe = False
-
-    def __init__(self, put: Callable[[Outcome[Any]], None]) -> None:
-        self.put = put
-
-
-class StreamSink:
-    """``stream()``: outcomes to the consumer as they come, on the loop; failures kept for the end."""
-
-    thread_safe = False
-
-    def __init__(self, send: MemoryObjectSendStream[Outcome[Any]]) -> None:
-        self._send = send
-        self.failures: list[Outcome[Any]] = []
-
-    def put(self, outcome: Outcome[Any]) -> None:
-        if outcome.error is not None:
-            self.failures.append(outcome)
-        # The window keeps the buffer within its size; the consumer may have stopped listening.
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self._send.send_nowait(outcome)
-
-
-async def next_outcome(receive: MemoryObjectReceiveStream[Outcome[Any]]) -> Outcome[Any] | None:
-    """
-    ``stream()``'s side of a StreamSink: the next outcome, or None once the producer is done.
-
-    An outcome already waiting comes without a turn of the event loop, which ``receive()`` takes for
-    every item: on a busy loop the consumer would otherwise get one outcome per turn while several
-    settle, the lookahead window would fill, and workers would wait for it with slots free.
-    """
-    try:
-        return receive.receive_nowait()
-    except anyio.WouldBlock:
-        pass
-    except anyio.EndOfStream:
-        return None
-    try:
-        return await receive.receive()
-    except anyio.EndOfStream:
-        return None
 
 
 SinkT = TypeVar("SinkT", bound=Sink)
@@ -204,7 +99,7 @@ class Run(Generic[SinkT]):
         self._pull_lock = threading.Lock()
         self._async_pull_lock: anyio.Lock | None = None
         #: With batches of an async input: the units a task of its own pulled ahead.
-        self._ahead: _Ahead | None = None
+        self._ahead: ReadAhead | None = None
         if isinstance(units, AsyncIterable):
             self._async_iterator = aiter(units)
         else:
@@ -230,11 +125,11 @@ class Run(Generic[SinkT]):
             if self.stopping:
                 return END
             try:
-                unit = next(self._iterator, _EXHAUSTED)  # type: ignore[arg-type]
+                unit = next(self._iterator, END_OF_INPUT)  # type: ignore[arg-type]
             except Exception as error:  # the caller's iterable failed: drain, then re-raise it
                 self.input_error, self.stopping = error, True
                 return END
-            if unit is _EXHAUSTED:
+            if unit is END_OF_INPUT:
                 return END
             index = self._next_index
             self._next_index = index + 1
@@ -253,11 +148,11 @@ class Run(Generic[SinkT]):
                 if self._ahead is not None:
                     unit = await self._ahead.take()
                 else:
-                    unit = await anext(self._async_iterator, _EXHAUSTED)  # type: ignore[arg-type]
+                    unit = await anext(self._async_iterator, END_OF_INPUT)  # type: ignore[arg-type]
             except Exception as error:
                 self.input_error, self.stopping = error, True
                 return END
-            if unit is _EXHAUSTED:
+            if unit is END_OF_INPUT:
                 return END
             index = self._next_index
             self._next_index = index + 1
@@ -291,7 +186,7 @@ class Run(Generic[SinkT]):
         """
         if self._async_iterator is None:
             return None
-        self._ahead = _Ahead(self._async_iterator, capacity)
+        self._ahead = ReadAhead(self._async_iterator, capacity)
         return self._ahead.fill
 
     def _admit(self, unit: Any, index: int) -> tuple[Any, int] | Pulled:
@@ -354,63 +249,6 @@ class Run(Generic[SinkT]):
         report = RunReport(outcomes, stats)
         self.raise_for(report)
         return report
-
-
-class _Ahead:
-    """An async input pulled by a task of its own into a buffer, for :meth:`Run.pull_before`."""
-
-    def __init__(self, iterator: AsyncIterator[Any], capacity: int) -> None:
-        self._iterator = iterator
-        self._capacity = capacity
-        self._units: deque[Any] = deque()
-        self._ended = False
-        self._error: Exception | None = None
-        self._arrived = anyio.Event()
-        self._taken = anyio.Event()
-
-    async def fill(self) -> None:
-        """Pull the input until it ends, keeping at most ``capacity`` units not yet taken."""
-        try:
-            while True:
-                while len(self._units) >= self._capacity:
-                    if self._taken.is_set():
-                        self._taken = anyio.Event()
-                    await self._taken.wait()
-                try:
-                    unit = await anext(self._iterator, _EXHAUSTED)
-                except Exception as error:  # the caller's input failed: the taker re-raises it
-                    self._error = error
-                    return
-                if unit is _EXHAUSTED:
-                    return
-                self._units.append(unit)
-                self._arrived.set()
-        finally:
-            self._ended = True
-            self._arrived.set()
-
-    @property
-    def ready(self) -> bool:
-        """Whether a unit pulled ahead waits to be taken."""
-        return bool(self._units)
-
-    def take_nowait(self) -> Any:
-        """The next unit pulled ahead; call it only when :attr:`ready`."""
-        unit = self._units.popleft()
-        self._taken.set()
-        return unit
-
-    async def take(self) -> Any:
-        """The next unit, or ``_EXHAUSTED``; raises the input's own error. Cancelling it loses nothing."""
-        while not self._units:
-            if self._ended:
-                if self._error is not None:
-                    raise self._error
-                return _EXHAUSTED
-            if self._arrived.is_set():
-                self._arrived = anyio.Event()
-            await self._arrived.wait()
-        return self.take_nowait()
 
 
 def _also(

@@ -25,7 +25,8 @@ from .._core.gather import Gather
 from .._core.limiter import Limiter
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
-from .._core.run import CallbackSink, ListSink, Run, SinkT, StreamSink, ValueSink, next_outcome
+from .._core.run import Run, SinkT
+from .._core.sinks import CallbackSink, ListSink, StreamSink, ValueSink, next_outcome
 from .._dialects import Dialect, for_name
 from .._errors import RunnerClosedError, UnitMisuseError
 from .._outcome import Outcome, RunReport

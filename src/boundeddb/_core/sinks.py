@@ -1,0 +1,105 @@
+"""Where a run's outcomes go: a list by index, one value, a callback, or a stream to the consumer."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from .._outcome import Outcome
+
+__all__ = ["CallbackSink", "ListSink", "Sink", "StreamSink", "ValueSink", "next_outcome"]
+
+
+class Sink(Protocol):
+    """Where a run's outcomes go."""
+
+    #: Whether :meth:`put` may be called from a worker thread.
+    thread_safe: bool
+
+    def put(self, outcome: Outcome[Any]) -> None: ...
+
+
+class ListSink:
+    """``run()``: every outcome, stored by index, from any thread."""
+
+    thread_safe = True
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.outcomes: list[Outcome[Any]] = []
+
+    def put(self, outcome: Outcome[Any]) -> None:
+        index = outcome.index
+        with self._lock:
+            outcomes = self.outcomes
+            if index >= len(outcomes):
+                outcomes.extend([outcome] * (index + 1 - len(outcomes)))
+            outcomes[index] = outcome
+
+
+class ValueSink:
+    """``submit()``: the one outcome."""
+
+    thread_safe = True
+
+    def __init__(self) -> None:
+        self.outcome: Outcome[Any] | None = None
+
+    def put(self, outcome: Outcome[Any]) -> None:
+        self.outcome = outcome
+
+
+class CallbackSink:
+    """
+    A ProcessRunner worker's call: each outcome to a callback on the loop as it settles; none kept.
+
+    Unlike ``stream()``, no window and no memory stream stand between the run and the consumer:
+    the worker's feed of units holds back by itself (each unit takes a place of the worker's gate).
+    """
+
+    thread_safe = False
+
+    def __init__(self, put: Callable[[Outcome[Any]], None]) -> None:
+        self.put = put
+
+
+class StreamSink:
+    """``stream()``: outcomes to the consumer as they come, on the loop; failures kept for the end."""
+
+    thread_safe = False
+
+    def __init__(self, send: MemoryObjectSendStream[Outcome[Any]]) -> None:
+        self._send = send
+        self.failures: list[Outcome[Any]] = []
+
+    def put(self, outcome: Outcome[Any]) -> None:
+        if outcome.error is not None:
+            self.failures.append(outcome)
+        # The window keeps the buffer within its size; the consumer may have stopped listening.
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._send.send_nowait(outcome)
+
+
+async def next_outcome(receive: MemoryObjectReceiveStream[Outcome[Any]]) -> Outcome[Any] | None:
+    """
+    ``stream()``'s side of a StreamSink: the next outcome, or None once the producer is done.
+
+    An outcome already waiting comes without a turn of the event loop, which ``receive()`` takes for
+    every item: on a busy loop the consumer would otherwise get one outcome per turn while several
+    settle, the lookahead window would fill, and workers would wait for it with slots free.
+    """
+    try:
+        return receive.receive_nowait()
+    except anyio.WouldBlock:
+        pass
+    except anyio.EndOfStream:
+        return None
+    try:
+        return await receive.receive()
+    except anyio.EndOfStream:
+        return None
