@@ -11,10 +11,10 @@ from typing import Any
 
 from sqlalchemy.engine import URL, make_url
 
+from .._arguments import check_retry, check_timeout, check_verify_commits
 from .._autolimit import check_positive_int
 from .._batch import check_batch
 from .._dialects import for_name
-from .._runners.checks import check_retry, check_timeout, check_verify_commits
 from .backends import Backend, DaskCluster, LocalProcesses
 from .protocol import Kind, WorkerConfig
 

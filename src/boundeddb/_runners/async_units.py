@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
+from .._arguments import check_priority
 from .._executors.async_session import AsyncSessionExecutor
 from .._outcome import Outcome, RunReport
 from .._progress import feedback_request
 from .._typing import AsyncUnit, ItemT, T
 from .base import BaseRunner
-from .checks import check_priority, units_of
+from .items import units_of
 
 if TYPE_CHECKING:
     from rich.progress import Progress

@@ -16,6 +16,14 @@ import anyio
 import anyio.lowlevel
 from sqlalchemy.engine import Engine
 
+from .._arguments import (
+    check_errors,
+    check_priority,
+    check_retry,
+    check_timeout,
+    check_verify_commits,
+    checked_iterable,
+)
 from .._batch import BatchPolicy, check_batch
 from .._core.adaptive import LimitController, limit_figures
 from .._core.attempts import Attempts
@@ -34,19 +42,8 @@ from .._progress import FeedbackRequest, check_on_outcome, open_feedback
 from .._retry import RetryPolicy
 from .._stats import RunnerStatistics, RunStats
 from .binding import LoopBinding
-from .checks import (
-    LimitPlan,
-    bound_engine,
-    check_errors,
-    check_priority,
-    check_retry,
-    check_timeout,
-    check_verify_commits,
-    checked_iterable,
-    resolve_limit_or_auto,
-    with_reserve,
-)
 from .observers import Observers
+from .pools import LimitPlan, bound_engine, resolve_limit_or_auto, with_reserve
 
 __all__ = ["BaseRunner", "feed"]
 

@@ -8,12 +8,13 @@ from typing import Any, final
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
+from .._arguments import ErrorsMode
 from .._batch import BatchPolicy
 from .._core.pacing import Chunks
 from .._outcome import Outcome
 from .._retry import RetryPolicy
 from .async_units import AsyncUnitsRunner
-from .checks import ErrorsMode, pool_capacity, resolve_limit
+from .pools import pool_capacity, resolve_limit
 
 
 @final

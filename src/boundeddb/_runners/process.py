@@ -15,6 +15,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from .._arguments import ErrorsMode, check_errors
 from .._batch import BatchPolicy
 from .._core.recorder import LoopLag
 from .._errors import RunnerClosedError
@@ -27,7 +28,6 @@ from .._stats import RunnerStatistics
 from .._telemetry import labels, register
 from .._typing import ItemT, T
 from .binding import run_blocking
-from .checks import ErrorsMode, check_errors
 
 __all__ = ["ProcessRunner"]
 

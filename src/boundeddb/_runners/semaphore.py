@@ -7,12 +7,12 @@ from typing import Any, Literal, final
 
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
+from .._arguments import ErrorsMode
 from .._autolimit import AutoLimit
 from .._batch import BatchPolicy
 from .._outcome import Outcome
 from .._retry import RetryPolicy
 from .async_units import AsyncUnitsRunner
-from .checks import ErrorsMode
 
 
 @final

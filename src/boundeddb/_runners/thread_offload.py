@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, final
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
+from .._arguments import ErrorsMode, check_priority
 from .._autolimit import AutoLimit
 from .._batch import BatchPolicy
 from .._executors.threads import ThreadExecutor
@@ -18,7 +19,7 @@ from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
 from .base import BaseRunner
 from .binding import run_blocking
-from .checks import BoundItem, ErrorsMode, check_priority, units_of
+from .items import BoundItem, units_of
 
 if TYPE_CHECKING:
     from rich.progress import Progress

@@ -1,0 +1,42 @@
+"""``map(fn, items)``'s units: ``fn(session, item)`` for each item, pulled lazily."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from typing import Any
+
+__all__ = ["BoundItem", "units_of"]
+
+
+def units_of(fn: object, items: object, runner: str) -> Iterable[Any] | AsyncIterable[Any]:
+    """Turn ``map(fn, items)`` into lazy units ``fn(session, item)``."""
+    if not callable(fn):
+        msg = f"fn must be callable as fn(session, item), got {fn!r}: pass the function to {runner}.map()"
+        raise TypeError(msg)
+    if isinstance(items, AsyncIterable):
+
+        async def bind_async() -> AsyncIterator[Callable[[Any], Any]]:
+            async for item in items:
+                yield BoundItem(fn, item)
+
+        return bind_async()
+    if isinstance(items, Iterable) and not isinstance(items, (str, bytes)):
+        return (BoundItem(fn, item) for item in items)
+    msg = (
+        f"items must be an iterable or async iterable, got {type(items).__name__}: "
+        f"pass e.g. a list or a generator of the items to give fn, as {runner}.map(fn, items)"
+    )
+    raise TypeError(msg)
+
+
+class BoundItem:
+    """``fn(session, item)`` as a unit; keeps ``fn``'s kind visible to unit checks."""
+
+    __slots__ = ("fn", "item")
+
+    def __init__(self, fn: Callable[..., Any], item: Any) -> None:
+        self.fn = fn
+        self.item = item
+
+    def __call__(self, session: Any) -> Any:
+        return self.fn(session, self.item)
