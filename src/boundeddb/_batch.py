@@ -16,7 +16,9 @@ class BatchPolicy:
     A unit is ``ok`` only once its batch's COMMIT succeeded, and a failing unit never takes the
     others' writes with it: the batch is rolled back, the other units run again without it, and the
     failing unit runs alone, as it would without batches.
-    A COMMIT that fails without naming a unit is bisected until the culprit stands alone.
+    A failure that names no unit, a duplicate key found when the batch's rows are flushed, say, is
+    looked for in one more pass that flushes each unit's changes as it returns; what that cannot
+    name, a deferred constraint, is bisected until the culprit stands alone.
     So a unit may be *executed* more than once, but it commits at most once.
     :doc:`/how-to/batches` says when batches pay and how to choose ``size`` and ``linger``.
 

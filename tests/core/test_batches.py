@@ -21,7 +21,7 @@ from boundeddb import BatchPolicy, RetryPolicy, RunFailed
 from boundeddb._core.attempts import Attempts, CommitUnknown
 from boundeddb._core.batches import Batches, BatchUnitFailed
 from boundeddb._core.gather import Gather
-from boundeddb._core.limiter import Limiter
+from boundeddb._core.limiter import Limiter, Slot
 from boundeddb._core.pacing import SlidingWindow, Worker, drive
 from boundeddb._core.recorder import Recorder
 from boundeddb._core.run import Run
@@ -61,9 +61,14 @@ class Tx:
         self.writes: dict[str, int] = {}
 
     def write(self, key: str, value: int) -> None:
-        if key in self.store.rows or key in self.writes:
+        if not key.startswith("late") and (key in self.store.rows or key in self.writes):
             raise Duplicate(key)
         self.writes[key] = value
+
+    def flush(self) -> None:
+        """Check the keys marked ``late``, as a flush would: a duplicate raises, naming no unit."""
+        if any(key.startswith("late") and key in self.store.rows for key in self.writes):
+            raise Duplicate("late")
 
 
 class Store:
@@ -81,6 +86,7 @@ class Store:
             raise error
         if any(key.startswith("deferred") for key in tx.writes):
             raise Deferred
+        tx.flush()
         self.rows.update(tx.writes)
         self.commits += 1
 
@@ -92,7 +98,9 @@ class FakeBatchExecutor(FakeExecutor):
         super().__init__(attempts)
         self.store = store
         self.executed: list[int] = []
-        self.serve = Batches(policy, attempts, self.attempt, self.attempt_batch).serve  # type: ignore[method-assign]
+        self.serve = Batches(  # type: ignore[method-assign]
+            policy, attempts, self.attempt, self.attempt_batch, self.attempt_pinpointing
+        ).serve
 
     async def attempt(self, worker: Worker, unit: Any, index: int) -> Any:
         tx = Tx(self.store)
@@ -101,17 +109,26 @@ class FakeBatchExecutor(FakeExecutor):
         self.store.commit(tx)
         return value
 
-    async def attempt_batch(self, worker: Worker, units: list[tuple[Any, int]], first: int) -> list[Any]:
+    async def attempt_batch(
+        self, worker: Worker, units: list[tuple[Any, int]], first: int, *, flush_each: bool = False
+    ) -> list[Any]:
         tx = Tx(self.store)
         values = []
         for position, (unit, index) in enumerate(units):
             self.executed.append(index)
             try:
                 values.append(await unit(tx))
+                if flush_each:
+                    tx.flush()
             except Exception as error:
                 raise BatchUnitFailed(position, error) from None
         self.store.commit(tx)
         return values
+
+    async def attempt_pinpointing(
+        self, worker: Worker, units: list[tuple[Any, int]], first: int
+    ) -> list[Any]:
+        return await self.attempt_batch(worker, units, first, flush_each=True)
 
 
 def writer(key: str, *, fail: Exception | None = None, seconds: float = 0.0) -> Unit:
@@ -195,6 +212,18 @@ async def test_a_commit_that_names_no_unit_is_bisected_to_its_culprit() -> None:
     assert report.stats.batches_committed == 4
 
 
+async def test_a_failure_that_names_no_unit_is_pinpointed_by_flushing_each_unit() -> None:
+    """A duplicate that only the flush before COMMIT finds: one pass flushing each unit names it."""
+    store = Store()
+    store.rows["late-7"] = 0
+    units = [writer("late-7" if i == 7 else f"k{i}") for i in range(16)]
+    report, executor = await run_batches(units, store, size=16)
+    assert [(o.index, type(o.error)) for o in report.failures] == [(7, Duplicate)]
+    assert store.commits == 1  # the 15 others, together: no bisection
+    assert report.stats.units_rerun == 16 + 8  # the batch, then the pinpointing pass up to unit 7
+    assert executor.executed.count(7) == 3  # in the batch, in the pass, then alone
+
+
 async def test_a_transient_error_retries_the_whole_batch_first() -> None:
     """A serialization failure at COMMIT runs the batch again as a whole, not split."""
     store = Store()
@@ -266,18 +295,18 @@ class Gathered:
         self.limiter = Limiter(limit)
         self.attempts = Attempts(RetryPolicy(attempts=1))
         self.executor = FakeBatchExecutor(self.attempts, store, BatchPolicy(size, linger))
-        self.gather = Gather(size, linger, self.run_batch)
+        self.gather = Gather(size, linger, self.limiter, self.run_batch)
         self.batches: list[int] = []
 
     async def run_batch(
-        self, units: list[Any], priority: int, settled: Callable[[Outcome[Any]], None]
+        self, units: list[Any], priority: int, settled: Callable[[Outcome[Any]], None], slot: Slot
     ) -> None:
         self.batches.append(len(units))
         run = Run(
             units, CallbackSink(settled), check=self.executor.check, stop_on_failure=False,
             recorder=Recorder(NoPool()), priority=priority,
         )  # fmt: skip
-        await drive(run, self.executor, self.attempts, SlidingWindow(), self.limiter, 1)
+        await drive(run, self.executor, self.attempts, SlidingWindow(), self.limiter, 1, slot=slot)
 
     async def submit(self, unit: Unit, priority: int = 0) -> Any:
         return (await self.gather.submit(unit, priority)).unwrap()
@@ -299,6 +328,20 @@ async def test_concurrent_submits_share_batches_and_each_gets_its_own_value() ->
     assert values == {i: f"k{i}" for i in range(40)}
     assert store.commits == 4
     assert gathered.batches == [10, 10, 10, 10]
+
+
+async def test_without_linger_calls_that_wait_for_a_slot_share_a_batch() -> None:
+    """linger=0, one slot busy: the calls that queue meanwhile go in the next batch together."""
+    store = Store()
+    gathered = Gathered(store, size=100, linger=0.0, limit=1)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(gathered.submit, writer("first", seconds=0.5))
+        await anyio.wait_all_tasks_blocked()
+        for i in range(30):
+            group.start_soon(gathered.submit, writer(f"k{i}"))
+    assert gathered.batches == [1, 30]
+    assert store.commits == 2
 
 
 async def test_a_submit_above_priority_0_is_never_held_by_linger() -> None:

@@ -7,8 +7,11 @@ fails, :class:`Batches` finds who failed it without taking anyone else's writes 
 
 1. A transient error, by the runner's retry policy, runs the whole batch again after a back-off.
 2. A unit that raised runs alone, as it would without batches; the others run again as a batch.
-3. A COMMIT that failed without naming a unit is bisected: each half in its own transaction.
-4. A COMMIT whose fate is unknown leaves every unit of the batch ``commit_unknown``.
+3. A failure that names no unit, the flush before COMMIT or the COMMIT itself, runs the batch once
+   more with each unit's changes flushed as it returns: the unit whose flush fails is named (2).
+4. If that names no unit either (a deferred constraint), the batch is bisected: each half in its
+   own transaction, until the culprit stands alone.
+5. A COMMIT whose fate is unknown leaves every unit of the batch ``commit_unknown``.
 
 A batch of one unit runs the executor's one-unit attempt, so a unit alone meets exactly its retries,
 its timeout and its error. See "Batches" in ``docs/explanation/architecture.md``.
@@ -58,16 +61,23 @@ class BatchSize(Protocol):
 class Batches:
     """An executor's ``serve`` for a runner with batches: pull a batch, run it, settle every unit."""
 
-    __slots__ = ("_attempt", "_attempt_batch", "_attempts", "linger", "size")
+    __slots__ = ("_attempt", "_attempt_batch", "_attempts", "_pinpoint", "linger", "size")
 
     def __init__(
-        self, policy: BatchSize, attempts: Attempts, attempt: AttemptFn[Any], attempt_batch: BatchAttemptFn
+        self,
+        policy: BatchSize,
+        attempts: Attempts,
+        attempt: AttemptFn[Any],
+        attempt_batch: BatchAttemptFn,
+        pinpoint: BatchAttemptFn,
     ) -> None:
+        """``pinpoint`` attempts a batch flushing each unit's changes as it returns (case 3)."""
         self.size = policy.size
         self.linger = policy.linger
         self._attempts = attempts
         self._attempt = attempt
         self._attempt_batch = attempt_batch
+        self._pinpoint = pinpoint
 
     async def serve(self, run: Run[Any], worker: Worker, wait_s: float) -> Served:
         """Pull up to ``size`` units and run them as one batch; EXHAUSTED once the input is."""
@@ -113,8 +123,9 @@ class Batches:
             if pulled is END or pulled is None:
                 if pulled_any and window is not None:
                     window.release()
-                # The worker gives its own window back when it hears EXHAUSTED: only if unused.
-                return batch, pulled is END and not pulled_any
+                # At the end of the input the worker gives one window back, unused or not: it
+                # is the last pull of the stream, whose window then outgrows its size by one.
+                return batch, pulled is END
             pulled_any = True
             if pulled is not REFUSED:
                 batch.append(pulled)
@@ -122,13 +133,13 @@ class Batches:
 
     async def settle(self, run: Run[Any], worker: Worker, batch: list[Pending], wait_s: float) -> None:
         """Run ``batch`` until every unit of it has its outcome (see the module docstring)."""
-        todo = [batch]
+        todo: list[tuple[list[Pending], bool]] = [(batch, True)]
         while todo:
-            group = todo.pop()
+            group, may_pinpoint = todo.pop()
             if len(group) == 1:
                 await self._alone(run, worker, group[0], wait_s)
             else:
-                todo.extend(reversed(await self._attempt_group(run, worker, group, wait_s)))
+                todo.extend(reversed(await self._attempt_group(run, worker, group, wait_s, may_pinpoint)))
 
     async def _alone(self, run: Run[Any], worker: Worker, pending: Pending, wait_s: float) -> None:
         """One unit in its own transaction, with its own retries: as without batches."""
@@ -148,22 +159,26 @@ class Batches:
         run.finish(settled)
 
     async def _attempt_group(
-        self, run: Run[Any], worker: Worker, group: list[Pending], wait_s: float
-    ) -> list[list[Pending]]:
-        """Attempt ``group`` as one batch until it commits or must be split; the groups to run next."""
+        self, run: Run[Any], worker: Worker, group: list[Pending], wait_s: float, may_pinpoint: bool
+    ) -> list[tuple[list[Pending], bool]]:
+        """
+        Attempt ``group`` as one batch until it commits or must be split: the groups to run next,
+        each with whether it may still be pinpointed (case 3 of the module docstring).
+        """
         attempt = 1
         recorder = run.recorder
+        attempt_batch = self._attempt_batch
         while True:
             started = perf_counter()
             try:
-                values = await self._attempt_batch(worker, group, group[0][1])
+                values = await attempt_batch(worker, group, group[0][1])
             except BatchUnitFailed as failed:
                 ran = failed.position + 1
                 delay = self._attempts.again(failed.error, attempt, perf_counter() - started)
                 if delay is None:
                     recorder.rerun(ran)
                     position = failed.position
-                    return [group[:position] + group[position + 1 :], [group[position]]]
+                    return [(group[:position] + group[position + 1 :], True), ([group[position]], True)]
             except CommitUnknown as unknown:
                 self._attempts.commit_unknown(unknown, group[0][1], len(group))
                 latency = perf_counter() - started
@@ -184,8 +199,11 @@ class Batches:
                             run.finish(Outcome(index, None, error.error, 0.0, wait_s, attempt))
                         return []
                     recorder.rerun(ran)
+                    if may_pinpoint:  # once more, each unit's changes flushed as it returns
+                        may_pinpoint, attempt_batch = False, self._pinpoint
+                        continue
                     half = len(group) // 2
-                    return [group[:half], group[half:]]
+                    return [(group[:half], False), (group[half:], False)]
             else:
                 self._finish(run, group, values, started, wait_s, attempt)
                 return []

@@ -2,9 +2,11 @@
 Concurrent ``submit()`` calls gathered into shared batches (``batch=``).
 
 Each call puts its unit in the queue of its priority and waits for its own outcome. One waiting call
-at a time leads: it waits up to ``linger`` for the queue to fill (never above priority 0), takes up
-to ``size`` units, hands the lead to the next waiting call, and runs the units it took as one batch.
-So several batches of one queue are in flight at once, each under the runner's limit.
+at a time leads: it waits up to ``linger`` for the queue to fill (never above priority 0), then for a
+slot of the runner's limiter, takes up to ``size`` units, hands the lead to the next waiting call,
+and runs the units it took as one batch on that slot. So several batches of one queue are in flight
+at once, each under the runner's limit, and while every slot is busy the queue fills: the busier
+the runner, the fuller its batches, also with ``linger=0``.
 
 A call cancelled before its unit was taken withdraws it: it never runs. A leader cancelled while its
 batch runs rolls that batch back, as any cancelled run does, and puts the other callers' units back
@@ -18,15 +20,27 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .limiter import Limiter, Slot
+
 if TYPE_CHECKING:
     from .._outcome import Outcome
 
-    #: Runs the units at ``priority`` as one batch, handing each outcome (indexed by position) to
-    #: the callback as it settles. Only for the type checker: ``Outcome[Any]`` built at import
-    #: would name ``Outcome`` by its private module in the runners' signatures (Sphinx).
-    RunBatch = Callable[[list[Any], int, Callable[[Outcome[Any]], None]], Awaitable[None]]
+    #: Runs the units at ``priority`` as one batch on the slot, handing each outcome (indexed by
+    #: position) to the callback as it settles. Only for the type checker: ``Outcome[Any]`` built
+    #: at import would name ``Outcome`` by its private module in the runners' signatures (Sphinx).
+    RunBatch = Callable[[list[Any], int, Callable[[Outcome[Any]], None], Slot], Awaitable[None]]
 
-__all__ = ["Gather"]
+__all__ = ["Gather", "TakenSlot"]
+
+
+class TakenSlot(Slot):
+    """A slot its leader took before the batch's run began: the run's first ``take()`` is that one."""
+
+    __slots__ = ()
+
+    async def take(self) -> None:
+        if not self.held:
+            await super().take()
 
 
 class _Call:
@@ -65,8 +79,9 @@ class _Queue:
 class Gather:
     """A runner's ``submit()`` calls in batches of up to ``size``, lingering up to ``linger`` seconds."""
 
-    def __init__(self, size: int, linger: float, run_batch: RunBatch) -> None:
+    def __init__(self, size: int, linger: float, limiter: Limiter, run_batch: RunBatch) -> None:
         self._size = size
+        self._limiter = limiter
         self._linger = linger
         self._run_batch = run_batch
         self._queues: dict[int, _Queue] = {}
@@ -104,6 +119,7 @@ class Gather:
 
     async def _lead(self, queue: _Queue, priority: int, me: _Call) -> None:
         queue.leader = me
+        slot = TakenSlot(self._limiter, priority)
         try:
             if priority <= 0 and self._linger > 0:
                 with anyio.move_on_after(self._linger):
@@ -111,10 +127,14 @@ class Gather:
                         if queue.filled.is_set():
                             queue.filled = anyio.Event()
                         await queue.filled.wait()
+            await slot.take()  # meanwhile, more calls may queue: they join this batch
             taken = queue.calls[: self._size]
             del queue.calls[: self._size]
             for call in taken:
                 call.taken = True
+        except BaseException:
+            slot.give()
+            raise
         finally:
             queue.leader = None
             queue.hand_over()
@@ -123,8 +143,9 @@ class Gather:
             taken[outcome.index].outcome = outcome
 
         try:
-            await self._run_batch([call.unit for call in taken], priority, settled)
+            await self._run_batch([call.unit for call in taken], priority, settled, slot)
         finally:
+            slot.give()  # if the run never began
             unsettled = [call for call in taken if call.outcome is None and call is not me]
             for call in unsettled:  # the leader was cancelled: back to the head of the queue
                 call.taken = False

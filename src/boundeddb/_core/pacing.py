@@ -293,10 +293,12 @@ async def drive(
     controller: LimitController | None = None,
     feedback: Feedback | None = None,
     read_ahead: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    slot: Slot | None = None,
 ) -> None:
     """
     Run every unit of ``run`` with ``workers`` workers, beside the loop-lag ticker (and the
-    controller's, the feedback's and the task that reads an async input ahead, if any).
+    controller's, the feedback's and the task that reads an async input ahead, if any). ``slot``,
+    if given, is the first worker's.
 
     The workers run in a child task, not in the caller's: cancelled together with the ticker when
     the caller is — by a cancel scope, but also by a native ``Task.cancel()``,
@@ -304,7 +306,9 @@ async def drive(
     beyond the reach of a second native cancellation while they clean up.
     """
     state = _Drive(run, executor, attempts, pacer, limiter, controller)
-    team = [executor.worker(Slot(limiter, run.priority)) for _ in range(workers)]
+    team = [executor.worker(Slot(limiter, run.priority)) for _ in range(workers - (slot is not None))]
+    if slot is not None:
+        team.insert(0, executor.worker(slot))
     state.live = workers
     try:
         async with anyio.create_task_group() as helpers:

@@ -218,18 +218,15 @@ class AsyncSessionExecutor:
         self.serve: Callable[[Run[Any], AsyncWorker, float], Coroutine[Any, Any, Served]] = functools.partial(
             serve_one, attempts, self.attempt
         )
-        if batch is not None:
-            attempt_batch = bind_script(
-                attempt_batch_async,
-                verified_async,
-                engine,
-                dialect,
-                verify_commits,
-                sessions,
-                dialect,
-                runner,
-            )
-            self.serve = Batches(batch, attempts, self.attempt, attempt_batch).serve
+        if batch is not None:  # a batch's attempt, and its pinpointing twin (see batch_script)
+            plain, pinpoint = (
+                bind_script(
+                    attempt_batch_async, verified_async, engine, dialect, verify_commits,
+                    pinpoint, sessions, dialect, runner,
+                )
+                for pinpoint in (False, True)
+            )  # fmt: skip
+            self.serve = Batches(batch, attempts, self.attempt, plain, pinpoint).serve
 
     def check(self, unit: object, index: int) -> str | None:
         if callable(unit):

@@ -3,8 +3,9 @@ The transaction script of one batch: many units one after another in one session
 
 The twin of ``script.py`` for ``batch=``, step for step: a unit that raises fails the attempt with
 :class:`~boundeddb._core.batches.BatchUnitFailed`, which names it, and everything is rolled back.
-Each unit has its own ``timeout``; the COMMIT has one of its own. What a failure means for the
-batch's units is the core's to decide (``_core/batches.py``).
+Each unit has its own ``timeout``; the COMMIT has one of its own. The units' changes are flushed
+before COMMIT, so that a failure of theirs leaves the connection in the pool; only a failed COMMIT
+discards it. What a failure means for the batch's units is the core's to decide (``_core/batches.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class BatchGuard(AsyncGuard, Protocol):
 
 
 async def attempt_batch_async(
+    pinpoint: bool,
     sessions: Callable[[], AsyncSession],
     dialect: Dialect,
     runner: str,
@@ -55,7 +57,12 @@ async def attempt_batch_async(
     units: list[Pending],
     first: int,
 ) -> list[Any]:
-    """Run ``units`` once in a new AsyncSession and transaction; their values, or it raises."""
+    """
+    Run ``units`` once in a new AsyncSession and transaction; their values, or it raises.
+
+    With ``pinpoint``, each unit's changes are flushed as it returns, so that a failure the batch's
+    flush would name no unit for, a duplicate key say, names its unit instead.
+    """
     session = sessions()
     xid = None
     values: list[Any] = []
@@ -72,6 +79,8 @@ async def attempt_batch_async(
                 values.append(await result)
                 if session.sync_session.get_transaction() is not transaction:
                     raise UnitMisuse(ended_transaction_message(index))
+                if pinpoint:
+                    await session.flush()
             except UnitMisuse as error:
                 raise BatchUnitFailed(position, error) from None
             except BaseException as error:
@@ -83,12 +92,15 @@ async def attempt_batch_async(
                     own = error
                 raise BatchUnitFailed(position, own) from None
         guard.next_unit(units[-1][1])  # the COMMIT's own deadline
-        if xid_sql is not None:
-            try:
+        try:  # the units' changes, sent before COMMIT: a failure here names no unit, and
+            # leaves the connection fit to be rolled back and reused
+            if xid_sql is None:
+                await session.flush()
+            else:
                 xid = await session.run_sync(flush_and_read_xid, xid_sql, guard)
-            except Exception as error:  # before COMMIT: the batch's failure, naming no unit
-                note_failure(dialect, guard, error)
-                raise
+        except Exception as error:
+            note_failure(dialect, guard, error)
+            raise
         guard.committing()
         try:
             await session.commit()
@@ -117,6 +129,7 @@ async def attempt_batch_async(
 
 
 def attempt_batch_sync(
+    pinpoint: bool,
     sessions: Callable[[], Session],
     dialect: Dialect,
     timeout: float | None,
@@ -125,7 +138,7 @@ def attempt_batch_sync(
     units: list[Pending],
     first: int,
 ) -> list[Any]:
-    """Run ``units`` once in a new Session and transaction, in this thread; their values, or it raises."""
+    """As :func:`attempt_batch_async`, in this thread."""
     session = sessions()
     connection: Connection | None = None
     try:
@@ -144,6 +157,8 @@ def attempt_batch_sync(
             started = perf_counter()
             try:
                 value = _run_sync_unit(session, transaction, unit, index)
+                if pinpoint:
+                    session.flush()
                 if timeout is not None and (guard.timed_out or perf_counter() - started > timeout):
                     raise UnitTimeout(index, timeout)
             except (UnitMisuse, UnitTimeout) as error:
@@ -156,13 +171,13 @@ def attempt_batch_sync(
                 raise BatchUnitFailed(position, error) from None
             values.append(value)
         xid = None
-        if xid_sql is not None:
-            try:
-                session.flush()
+        try:  # as in attempt_batch_async
+            session.flush()
+            if xid_sql is not None:
                 xid = connection.exec_driver_sql(xid_sql).scalar()
-            except Exception as error:
-                dialect.note_lost_connection(error, dbapi_connection)
-                raise
+        except Exception as error:
+            dialect.note_lost_connection(error, dbapi_connection)
+            raise
         try:
             guard.committing()
         except DeadlinePassed:

@@ -10,6 +10,7 @@ discards the connections it sent a cancellation to. See "Sync units: lanes and h
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -195,11 +196,18 @@ class ThreadExecutor:
         )
         self._threads: tuple[object, anyio.CapacityLimiter] | None = None
         self._last_checked: object = None
-        if batch is not None:
-            self._batch_script: Callable[[Handle, list[Pending], int], list[Any]] = bind_script(
-                attempt_batch_sync, verified_sync, engine, dialect, verify_commits, sessions, dialect, timeout
-            )
-            self.serve = Batches(batch, attempts, self.attempt, self._attempt_batch).serve  # type: ignore[method-assign]
+        if batch is not None:  # a batch's attempt, and its pinpointing twin (see batch_script)
+            plain, pinpoint = (
+                functools.partial(
+                    self._attempt_batch,
+                    bind_script(
+                        attempt_batch_sync, verified_sync, engine, dialect, verify_commits,
+                        pinpoint, sessions, dialect, timeout,
+                    ),
+                )
+                for pinpoint in (False, True)
+            )  # fmt: skip
+            self.serve = Batches(batch, attempts, self.attempt, plain, pinpoint).serve  # type: ignore[method-assign]
 
     def check(self, unit: object, index: int) -> str | None:
         if not callable(unit):
@@ -253,11 +261,17 @@ class ThreadExecutor:
             pass
         await _cancelled()
 
-    async def _attempt_batch(self, worker: ThreadWorker, units: list[Pending], first: int) -> list[Any]:
-        """One attempt of a batch in a worker thread (see ``batch_script.attempt_batch_sync``)."""
+    async def _attempt_batch(
+        self,
+        script: Callable[[Handle, list[Pending], int], list[Any]],
+        worker: ThreadWorker,
+        units: list[Pending],
+        first: int,
+    ) -> list[Any]:
+        """One attempt of a batch by ``script`` in a worker thread (``batch_script.attempt_batch_sync``)."""
         try:
             values: list[Any] = await anyio.to_thread.run_sync(
-                self._batch_script, worker.handle, units, first, limiter=self._thread_limiter()
+                script, worker.handle, units, first, limiter=self._thread_limiter()
             )
             return values
         except Stopped:

@@ -30,7 +30,7 @@ from .._core.attempts import Attempts
 from .._core.background import Background
 from .._core.feedback import Feedback
 from .._core.gather import Gather
-from .._core.limiter import Limiter
+from .._core.limiter import Limiter, Slot
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
 from .._core.run import Run, SinkT
@@ -111,7 +111,9 @@ class BaseRunner:
         #: ``batch=``: None for one transaction per unit, the hot path's default.
         self._batch: BatchPolicy | None = check_batch(batch)
         self._gather = (
-            None if self._batch is None else Gather(self._batch.size, self._batch.linger, self._run_gathered)
+            None
+            if self._batch is None
+            else Gather(self._batch.size, self._batch.linger, self._limiter, self._run_gathered)
         )
         self._executor: Executor[Any] = self._new_executor()
         self._closed = False
@@ -247,6 +249,7 @@ class BaseRunner:
         adapt: bool = True,
         feedback: Feedback | None = None,
         workers: int | None = None,
+        slot: Slot | None = None,
     ) -> None:
         size = 1 if self._batch is None else self._batch.size
         if workers is None:
@@ -256,7 +259,7 @@ class BaseRunner:
         # A batch waits for an async input with a deadline: a task of its own pulls it ahead.
         read_ahead = None if self._batch is None else run.read_ahead(self._max_limit * size)
         await drive(run, self._executor, self._attempts, pacer, self._limiter, workers, loop_lag=loop_lag,
-                    controller=controller, feedback=feedback, read_ahead=read_ahead)  # fmt: skip
+                    controller=controller, feedback=feedback, read_ahead=read_ahead, slot=slot)  # fmt: skip
 
     def _stats(self, recorder: Recorder) -> RunStats:
         return recorder.finish(**limit_figures(self._limiter, self._controller, recorder.started))
@@ -353,13 +356,13 @@ class BaseRunner:
         return outcome.unwrap()
 
     async def _run_gathered(
-        self, units: list[Any], priority: int, settled: Callable[[Outcome[Any]], None]
+        self, units: list[Any], priority: int, settled: Callable[[Outcome[Any]], None], slot: Slot
     ) -> None:
-        """Run ``submit()`` calls' ``units`` as one batch (see ``_core/gather.py``)."""
+        """Run ``submit()`` calls' ``units`` as one batch on ``slot`` (see ``_core/gather.py``)."""
         with self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
             sink = CallbackSink(settled)
             run = self._new_run(units, sink, recorder, stop_on_failure=False, priority=priority)
-            await self._drive(run, adapt=False, workers=1)
+            await self._drive(run, adapt=False, workers=1, slot=slot)
 
 
 async def feed(
