@@ -32,9 +32,9 @@ from ._errors import (
 )
 from ._outcome import Outcome, RunReport
 from ._pgbouncer import pgbouncer_engine_options
+from ._processes.runner import ProcessRunner
 from ._retry import RetryPolicy, is_transient
 from ._runners.chunked import ChunkedRunner
-from ._runners.process import ProcessRunner
 from ._runners.semaphore import SemaphoreRunner
 from ._runners.thread_offload import ThreadOffloadRunner
 from ._stats import RunnerStatistics, RunStats

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from boundeddb import Outcome, RunnerClosedError, RunReport, RunStats, SemaphoreRunner
-from boundeddb._executors.pool import _gauges
+from boundeddb._executors.checkouts import _gauges
 from boundeddb._stats import percentile
 from tests.support.kits import StartGate
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from .._outcome import Outcome
 
@@ -69,13 +69,36 @@ class CallbackSink:
 
 
 class StreamSink:
-    """``stream()``: outcomes to the consumer as they come, on the loop; failures kept for the end."""
+    """
+    ``stream()``: outcomes to the consumer as they come, on the loop; failures kept for the end.
+
+    At most ``lookahead`` units are pulled and not yet consumed: the run takes a place of
+    :attr:`window` before it pulls a unit, and :meth:`next` gives one back for each outcome.
+    """
 
     thread_safe = False
 
-    def __init__(self, send: MemoryObjectSendStream[Outcome[Any]]) -> None:
-        self._send = send
+    def __init__(self, lookahead: int) -> None:
+        self._send, self._receive = anyio.create_memory_object_stream[Outcome[Any]](lookahead)
+        self.window = anyio.Semaphore(lookahead, fast_acquire=True)  # no loop turn per unit
         self.failures: list[Outcome[Any]] = []
+
+    async def produce(self, drive: Callable[[], Awaitable[None]]) -> None:
+        """Run ``drive()``, the run's workers; the stream ends with it."""
+        async with self._send:
+            await drive()
+
+    async def next(self) -> Outcome[Any] | None:
+        """The next outcome, or None once the producer is done (see :func:`next_outcome`)."""
+        outcome = await next_outcome(self._receive)
+        if outcome is not None:
+            self.window.release()
+        return outcome
+
+    def close(self) -> None:
+        """Close both ends: in case the producer was cancelled before it started, or the consumer left."""
+        self._send.close()
+        self._receive.close()
 
     def put(self, outcome: Outcome[Any]) -> None:
         if outcome.error is not None:

@@ -30,7 +30,7 @@ from .._core.run import Run
 from .._dialects import Dialect
 from .._errors import UnitTimeout
 from .batch_script import attempt_batch_async
-from .pool import HOOKS, install_connect_hooks
+from .checkouts import HOOKS, install_connect_hooks
 from .script import attempt_async
 from .verify import bind_script, verified_async
 
@@ -99,7 +99,7 @@ class AsyncWorker(Worker):
             self.cancel_pending = True
             self.task.cancel()
 
-    # -- the pool's side (pool.HOOKS, called in this worker's task) --------------------------------------
+    # -- the pool's side (checkouts.HOOKS, called in this worker's task) ----------------------------------
 
     def on_opening(self) -> None:
         """The task starts opening a new DBAPI connection: defer interruptions until it is open."""

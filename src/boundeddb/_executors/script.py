@@ -120,7 +120,7 @@ async def attempt_async(
 
     The session connects at the unit's first statement, as it would in hand-written code (asking
     for the connection up front costs a greenlet per unit); the guard hears of the checkout from the
-    pool (``pool.HOOKS``), so an error before it is known to have sent nothing.
+    pool (``checkouts.HOOKS``), so an error before it is known to have sent nothing.
     """
     session = sessions()
     xid = value = None

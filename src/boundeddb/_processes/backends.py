@@ -22,13 +22,13 @@ from .protocol import WorkerConfig, most_handed
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-__all__ = ["Backend", "DaskCluster", "LocalProcesses", "Started"]
+__all__ = ["Backend", "DaskCluster", "LocalProcesses", "WorkerHandle"]
 
 #: How long a Dask task may take to connect back before its start counts as failed (seconds).
 DASK_CONNECT_TIMEOUT_S = 60.0
 
 
-class Started(Protocol):
+class WorkerHandle(Protocol):
     """One worker as started: the pipe to it, its marks, and how to end it."""
 
     connection: Connection
@@ -55,7 +55,7 @@ class Backend(Protocol):
     def default_workers(self) -> int:
         """How many workers to start when the caller does not say: the cores, or the cluster's workers."""
 
-    def start(self, number: int, config: WorkerConfig) -> Started: ...
+    def start(self, number: int, config: WorkerConfig) -> WorkerHandle: ...
 
     def close(self) -> None: ...
 
@@ -63,7 +63,7 @@ class Backend(Protocol):
 # -- local processes ------------------------------------------------------------------------------
 
 
-class _LocalWorker:
+class _LocalHandle:
     def __init__(self, process: BaseProcess, connection: Connection, marks: memoryview | None) -> None:
         self.process = process
         self.connection = connection
@@ -103,7 +103,7 @@ class LocalProcesses:
         affinity = getattr(os, "sched_getaffinity", None)
         return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
-    def start(self, number: int, config: WorkerConfig) -> _LocalWorker:
+    def start(self, number: int, config: WorkerConfig) -> _LocalHandle:
         ours, theirs = self._context.Pipe(duplex=True)
         # Shared memory handed over at spawn (no name to leak): the child's stores are visible here.
         shared = self._context.RawArray("B", most_handed(config.units)) if self.share_marks else None
@@ -112,7 +112,7 @@ class LocalProcesses:
         )
         process.start()
         theirs.close()
-        return _LocalWorker(process, ours, None if shared is None else memoryview(shared).cast("B"))
+        return _LocalHandle(process, ours, None if shared is None else memoryview(shared).cast("B"))
 
     def close(self) -> None:
         pass
@@ -152,7 +152,7 @@ def serve_dask(address: tuple[str, int], authkey: bytes, token: str, config: Wor
     worker.serve(connection, config)
 
 
-class _DaskWorker:
+class _DaskHandle:
     def __init__(self, future: Any, connection: Connection, where: str) -> None:
         self.future = future
         self.connection = connection
@@ -213,7 +213,7 @@ class DaskCluster:
             else:
                 waiting.put(connection)
 
-    def start(self, number: int, config: WorkerConfig) -> _DaskWorker:
+    def start(self, number: int, config: WorkerConfig) -> _DaskHandle:
         workers = self._workers()
         if not workers:
             raise WorkerStartError("the Dask cluster has no workers: start some, or pass cluster=None")
@@ -237,7 +237,7 @@ class DaskCluster:
         try:
             while True:
                 try:
-                    return _DaskWorker(future, arrived.get(timeout=0.1), where)
+                    return _DaskHandle(future, arrived.get(timeout=0.1), where)
                 except queue.Empty:
                     pass
                 if future.done() or time.monotonic() > deadline:

@@ -104,9 +104,9 @@ class Call:
     def _room(self) -> dict[Link, int]:
         """How many more units each serving worker takes now (under the lock): see ``most_handed``."""
         return {
-            link: most_handed(link.slot.units) - link.handed
+            link: most_handed(link.seat.units) - link.handed
             for link in self.fleet.ready_links()
-            if link.handed <= link.slot.units
+            if link.handed <= link.seat.units
         }
 
     async def _pull(self, pull: _Input, wanted: int) -> list[tuple[int, bytes]]:

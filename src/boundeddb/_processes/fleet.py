@@ -1,4 +1,4 @@
-"""A ProcessRunner's workers: one thread per slot starts a worker, reads it, and replaces it when it dies."""
+"""A ProcessRunner's workers: one thread per seat starts a worker, reads it, and replaces it when it dies."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from typing import Any, Protocol
 from .._core.recorder import Totals
 from .._errors import WorkerStartError
 from . import protocol as p
-from .backends import Backend, Started
+from .backends import Backend, WorkerHandle
 from .protocol import Kind, WorkerConfig, most_handed
 
-__all__ = ["CallState", "Fleet", "Link", "Slot"]
+__all__ = ["CallState", "Fleet", "Link", "Seat"]
 
 logger = logging.getLogger("boundeddb.processes")
 
-#: A slot whose workers end before they are ready this many times in a row breaks the runner.
+#: A seat whose workers end before they are ready this many times in a row breaks the runner.
 START_ATTEMPTS = 3
 #: How long a worker told to exit may take before it is killed (seconds).
 EXIT_GRACE_S = 10.0
@@ -30,7 +30,7 @@ CALLS_GRACE_S = 600.0
 
 
 class CallState(Protocol):
-    """What a slot's reader thread tells a call in progress (``ledger.Ledger``), under the fleet's lock."""
+    """What a seat's reader thread tells a call in progress (``ledger.Ledger``), under the fleet's lock."""
 
     id: int
     kind: Kind
@@ -58,10 +58,10 @@ class CallState(Protocol):
 
 
 class Link:
-    """One worker's life in a slot: its pipe, its marks, how many units it holds, whether it serves yet."""
+    """One worker's life in a seat: its pipe, its marks, how many units it holds, whether it serves yet."""
 
-    def __init__(self, slot: Slot, started: Started) -> None:
-        self.slot = slot
+    def __init__(self, seat: Seat, started: WorkerHandle) -> None:
+        self.seat = seat
         self.started = started
         self._send_lock = threading.Lock()
         self.ready = False
@@ -71,7 +71,7 @@ class Link:
         #: The worker's marks in shared memory (``protocol``), or None: the worker sends them.
         self.marks = started.marks
         #: Places of the marks that no unit handed to this worker holds.
-        self._free = list(range(most_handed(slot.units)))
+        self._free = list(range(most_handed(seat.units)))
         #: COMMITs of a dead predecessor this worker was asked about: (call, index).
         self.verifying: list[tuple[int, int]] = []
 
@@ -85,7 +85,7 @@ class Link:
             return True
 
     def name(self) -> str:
-        return f"worker {self.slot.number}"
+        return f"worker {self.seat.number}"
 
     def take_place(self) -> int:
         """A place for a unit handed to this worker, its mark cleared (under the fleet's lock)."""
@@ -103,7 +103,7 @@ class Link:
         return p.MARK_HANDED if self.marks is None else self.marks[place]
 
 
-class Slot:
+class Seat:
     """A place for one worker: its share of the limit, filled again when its worker dies."""
 
     def __init__(self, number: int, config: WorkerConfig) -> None:
@@ -125,7 +125,7 @@ class Fleet:
     def __init__(self, backend: Backend, configs: list[WorkerConfig]) -> None:
         self.backend = backend
         self.lock = threading.Lock()
-        self.slots = [Slot(number, config) for number, config in enumerate(configs)]
+        self.seats = [Seat(number, config) for number, config in enumerate(configs)]
         self.calls: dict[int, CallState] = {}
         self.closing = False
         #: Set when workers cannot be started: every call raises it.
@@ -139,15 +139,15 @@ class Fleet:
     # -- life -----------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start a thread per slot (once): each starts its worker and keeps one there."""
+        """Start a thread per seat (once): each starts its worker and keeps one there."""
         with self.lock:
             if self._threads or self.closing:
                 return
             self._threads = [
                 threading.Thread(
-                    target=self._tend, args=(slot,), name=f"boundeddb-slot-{slot.number}", daemon=True
+                    target=self._tend, args=(seat,), name=f"boundeddb-seat-{seat.number}", daemon=True
                 )
-                for slot in self.slots
+                for seat in self.seats
             ]
         for thread in self._threads:
             thread.start()
@@ -162,7 +162,7 @@ class Fleet:
     def ready_links(self) -> list[Link]:
         """The workers that serve now (under the lock)."""
         return [
-            link for slot in self.slots if (link := slot.link) is not None and link.ready and not link.dead
+            link for seat in self.seats if (link := seat.link) is not None and link.ready and not link.dead
         ]
 
     def register(self, call: CallState) -> None:
@@ -183,45 +183,45 @@ class Fleet:
             while self.calls and time.monotonic() < deadline:
                 self._idle.wait(max(0.0, deadline - time.monotonic()))
             self.closing = True
-            links = [slot.link for slot in self.slots if slot.link is not None]
+            links = [seat.link for seat in self.seats if seat.link is not None]
         exit_message = pickle.dumps((p.EXIT,))
         for link in links:
             link.send(exit_message)
-        # Each slot's thread waits for its worker to end (only it: waiting on a process from two
+        # Each seat's thread waits for its worker to end (only it: waiting on a process from two
         # threads races), so wait for the threads, and kill the workers of those that do not end.
         deadline = time.monotonic() + timeout
-        for slot, thread in zip(self.slots, self._threads, strict=False):  # no threads if never started
+        for seat, thread in zip(self.seats, self._threads, strict=False):  # no threads if never started
             thread.join(max(0.0, deadline - time.monotonic()))
-            hung = slot.link
+            hung = seat.link
             if thread.is_alive() and hung is not None:
                 logger.warning("%s did not exit within %s s: killing it", hung.name(), timeout)
                 hung.started.kill()
                 thread.join(timeout)
         self.backend.close()
 
-    # -- a slot's thread ------------------------------------------------------------------------------
+    # -- a seat's thread ------------------------------------------------------------------------------
 
     def _done(self) -> bool:
         """Whether no worker is to be started any more: the runner closes, or is broken (under the lock)."""
         return self.closing or self.broken is not None
 
-    def _tend(self, slot: Slot) -> None:
+    def _tend(self, seat: Seat) -> None:
         while True:
             with self.lock:
                 if self._done():
                     return
             try:
-                started = self.backend.start(slot.number, slot.config)
+                started = self.backend.start(seat.number, seat.config)
             except Exception as error:
                 if self._start_failed(
-                    slot, f"it could not be started ({type(error).__name__}: {error})", error
+                    seat, f"it could not be started ({type(error).__name__}: {error})", error
                 ):
                     return
                 time.sleep(0.5)
                 continue
-            link = Link(slot, started)
+            link = Link(seat, started)
             with self.lock:
-                slot.link = link
+                seat.link = link
                 if self.closing:
                     link.send(pickle.dumps((p.EXIT,)))
             self._read(link)
@@ -233,25 +233,25 @@ class Fleet:
                 started.connection.close()
             for call in self._lost(link, why):
                 call.wake()
-            if not link.ready and self._start_failed(slot, why, None):
+            if not link.ready and self._start_failed(seat, why, None):
                 return
 
-    def _start_failed(self, slot: Slot, why: str, error: BaseException | None) -> bool:
+    def _start_failed(self, seat: Seat, why: str, error: BaseException | None) -> bool:
         """Count a worker that never became ready; ``True`` if the runner is broken now."""
         with self.lock:
             if self.closing:
                 return True
-            slot.failed_starts += 1
-            if slot.failed_starts < START_ATTEMPTS:
+            seat.failed_starts += 1
+            if seat.failed_starts < START_ATTEMPTS:
                 logger.warning(
                     "%s %d ended before it was ready (%s): starting another",
                     self.backend.noun,
-                    slot.number,
+                    seat.number,
                     why,
                 )
                 return False
             msg = (
-                f"{self.backend.noun} {slot.number} ended before it was ready {START_ATTEMPTS} times; last: "
+                f"{self.backend.noun} {seat.number} ended before it was ready {START_ATTEMPTS} times; last: "
                 f"{why}. Workers are started with 'spawn': they import the module of fn and the main "
                 'module again, which must be importable and guarded by `if __name__ == "__main__":`. '
                 "Its standard error says more."
@@ -293,35 +293,35 @@ class Fleet:
         return woken
 
     def _ready(self, link: Link) -> None:
-        """A worker serves: ask it first about the COMMITs its slot's previous worker had begun."""
+        """A worker serves: ask it first about the COMMITs its seat's previous worker had begun."""
         link.ready = True
-        slot = link.slot
-        slot.failed_starts = 0
-        for kind, requests in slot.to_verify.items():
+        seat = link.seat
+        seat.failed_starts = 0
+        for kind, requests in seat.to_verify.items():
             if requests:
                 link.verifying.extend((call, index) for call, index, _ in requests)
                 link.send(pickle.dumps((p.VERIFY, kind.value, list(requests))))
-        slot.to_verify.clear()
+        seat.to_verify.clear()
 
     def _lost(self, link: Link, why: str) -> set[CallState]:
         """The worker is gone: settle or hand back what it held, in every call."""
         with self.lock:
             link.dead = True
-            slot = link.slot
-            if slot.link is link:
-                slot.link = None
+            seat = link.seat
+            if seat.link is link:
+                seat.link = None
             woken: set[CallState] = set()
             for call in self.calls.values():
                 touched, requests = call.on_lost(link, why)
                 if touched:
                     woken.add(call)
-                slot.to_verify[call.kind].extend((call.id, index, xid) for index, xid in requests)
+                seat.to_verify[call.kind].extend((call.id, index, xid) for index, xid in requests)
             unanswered = [(call_id, index) for call_id, index in link.verifying]  # died before it answered
             link.verifying.clear()
             if self._done():  # no next worker to ask
-                for asked in slot.to_verify.values():
+                for asked in seat.to_verify.values():
                     unanswered.extend((call_id, index) for call_id, index, _ in asked)
-                slot.to_verify.clear()
+                seat.to_verify.clear()
             for call_id, index in unanswered:
                 if (waiting := self.calls.get(call_id)) is not None:
                     waiting.on_verified(index, "unknown")

@@ -2,7 +2,7 @@
 What the parent knows of each unit of one ``ProcessRunner.map()`` call, and when.
 
 Each unit the call pulled from the input is, at every moment, in exactly one of these states
-(all under the fleet's lock, changed by the call's loop or by a slot's reader thread):
+(all under the fleet's lock, changed by the call's loop or by a seat's reader thread):
 
 - *pending*: pulled, not handed to a worker (or handed back: returned, or its worker died
   before it started it);
@@ -11,7 +11,7 @@ Each unit the call pulled from the input is, at every moment, in exactly one of 
   read when the worker died; or by a STARTED message, ``where[i] = (link, None, place, when)``);
 - *committing*: the worker marked it committing before its COMMIT (by message with its value and,
   with ``verify_commits``, its transaction id: ``committing[i]``);
-- *verifying*: its worker died while committing it, and the next worker in the slot asks the
+- *verifying*: its worker died while committing it, and the next worker in the seat asks the
   server what became of it (``verify_commits=True``);
 - *settled*: it has an outcome.
 
@@ -81,7 +81,7 @@ class Ledger:
         self._wakeup.setblocking(False)
         self._waker.setblocking(False)
 
-    # -- from a slot's reader thread, under the fleet's lock ------------------------------------------
+    # -- from a seat's reader thread, under the fleet's lock ------------------------------------------
 
     def wake(self) -> None:
         """Wake the call's loop (any thread)."""
@@ -117,7 +117,7 @@ class Ledger:
                 value, error = _load_value(data if committed is None else committed[1], index)
             self.settle(Outcome(index, value, error, latency, wait, attempts, unknown, verified))
             # The loop refills a worker once only its share is left handed to it (call.py).
-            return self.draining or self.stopping or link.handed <= link.slot.units
+            return self.draining or self.stopping or link.handed <= link.seat.units
         if tag == p.STARTED:
             index = message[2]
             self.where[index] = (link, None, self.where[index][2], perf_counter())

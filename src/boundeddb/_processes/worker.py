@@ -21,9 +21,8 @@ from sqlalchemy.orm import sessionmaker
 from .._core.attempts import CommitUnknown, CommitVerified
 from .._dialects import for_name
 from .._errors import WorkerLostError
-from .._executors.pool import track_peak
+from .._executors.checkouts import track_peak
 from .._executors.verify import CommitVerifier
-from .._runners.base import feed
 from .._runners.semaphore import SemaphoreRunner
 from .._runners.thread_offload import ThreadOffloadRunner
 from .._telemetry import attached
@@ -43,7 +42,7 @@ def main(connection: Connection, config: WorkerConfig, marks: Any | None) -> Non
 def serve(connection: Connection, config: WorkerConfig, marks: memoryview | None = None) -> None:
     """Serve over ``connection`` in this thread, on an event loop of its own (marks: see ``protocol``)."""
     try:
-        asyncio.run(Worker(connection, config, marks).serve())
+        asyncio.run(WorkerSide(connection, config, marks).serve())
     finally:
         _hang_up(connection)
 
@@ -60,7 +59,7 @@ def _hang_up(connection: Connection) -> None:
     connection.close()
 
 
-class Worker:
+class WorkerSide:
     """One worker: its engine (one per kind of function, built once), its gate, and the calls it serves."""
 
     def __init__(self, connection: Connection, config: WorkerConfig, marks: memoryview | None) -> None:
@@ -213,7 +212,7 @@ class Worker:
             peaks = track_peak(engine.pool if isinstance(engine, Engine) else engine.sync_engine.pool)
             try:
                 with attached(call.carrier):  # the caller's span is this call's units' parent
-                    await feed(runner, call.units(), call.settled)
+                    await runner._feed(call.units(), call.settled)
             finally:
                 peak = peaks.peak
                 peaks.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -22,7 +23,6 @@ from .._arguments import (
     check_retry,
     check_timeout,
     check_verify_commits,
-    checked_iterable,
 )
 from .._batch import BatchPolicy, check_batch
 from .._core.adaptive import LimitController, limit_figures
@@ -34,18 +34,19 @@ from .._core.limiter import Limiter, Slot
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
 from .._core.run import Run, SinkT
-from .._core.sinks import CallbackSink, ListSink, StreamSink, ValueSink, next_outcome
+from .._core.sinks import CallbackSink, ListSink, StreamSink, ValueSink
 from .._dialects import Dialect, for_name
-from .._errors import RunnerClosedError, UnitMisuseError
+from .._errors import RunnerClosedError
 from .._outcome import Outcome, RunReport
 from .._progress import FeedbackRequest, check_on_outcome, open_feedback
 from .._retry import RetryPolicy
 from .._stats import RunnerStatistics, RunStats
 from .binding import LoopBinding
+from .items import check_now, checked_units
 from .observers import Observers
 from .pools import LimitPlan, bound_engine, resolve_limit_or_auto, with_reserve
 
-__all__ = ["BaseRunner", "feed"]
+__all__ = ["BaseRunner"]
 
 RunnerT = TypeVar("RunnerT", bound="BaseRunner")
 _NULL_RECORDER = NullRecorder()
@@ -192,20 +193,7 @@ class BaseRunner:
             raise RunnerClosedError(msg)
         return self._binding.bound()
 
-    # -- units ----------------------------------------------------------------------------------
-
-    def _checked_units(self, units: object) -> Iterable[Any] | AsyncIterable[Any]:
-        """``units`` if iterable; a list or tuple is checked whole, before any database work."""
-        checked = checked_iterable(units, "units")
-        if isinstance(checked, (list, tuple)):
-            for index, unit in enumerate(checked):
-                self._check_now(unit, index)
-        return checked
-
-    def _check_now(self, unit: object, index: int) -> None:
-        message = self._executor.check(unit, index)
-        if message is not None:
-            raise UnitMisuseError(message)
+    # -- runs ------------------------------------------------------------------------------------
 
     def _new_run(
         self,
@@ -275,7 +263,7 @@ class BaseRunner:
         request: FeedbackRequest | None = None,
     ) -> RunReport[Any]:
         priority = check_priority(priority)
-        units = self._checked_units(units)
+        units = checked_units(units, self._executor.check)
         with self._bound(), self._observers.recording(self._engine.pool) as recorder:
             feedback = None
             try:
@@ -292,66 +280,50 @@ class BaseRunner:
     async def _stream_units(
         self, units: Iterable[Any] | AsyncIterable[Any], priority: int, request: FeedbackRequest | None = None
     ) -> AsyncGenerator[Outcome[Any], None]:
-        units = self._checked_units(units)
+        units = checked_units(units, self._executor.check)
         with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
             # Pulled, not consumed: at most twice the limit (an auto limit's ceiling) in units, or
             # batches of units, so O(limit) or O(limit x size).
             lookahead = 2 * (self._limiter.limit if self._controller is None else self._max_limit)
             lookahead *= 1 if self._batch is None else self._batch.size
-            send, receive = anyio.create_memory_object_stream[Outcome[Any]](lookahead)
-            sink = StreamSink(send)
-            window = anyio.Semaphore(lookahead, fast_acquire=True)  # no loop turn per unit
-            run = self._new_run(units, sink, recorder, priority=priority, window=window, request=request)
+            sink = StreamSink(lookahead)
+            run = self._new_run(units, sink, recorder, priority=priority, window=sink.window, request=request)
             loop_lag = recorder.loop_lag = LoopLag()
             feedback = open_feedback(run, recorder, self._limiter, request, type(self).__name__)
 
-            async def produce() -> None:
-                async with send:
-                    try:
-                        await self._drive(run, loop_lag, feedback=feedback)
-                    finally:
-                        if feedback is not None:
-                            feedback.close()
+            async def drive() -> None:
+                try:
+                    await self._drive(run, loop_lag, feedback=feedback)
+                finally:
+                    if feedback is not None:
+                        feedback.close()
 
             try:
-                async with Background(produce), receive:
-                    while (outcome := await next_outcome(receive)) is not None:
-                        window.release()
+                async with Background(partial(sink.produce, drive)):
+                    while (outcome := await sink.next()) is not None:
                         yield outcome
             finally:
-                send.close()  # in case the producer was cancelled before it started
-                receive.close()
+                sink.close()
         run.raise_for(RunReport(sink.failures, self._stats(recorder)))
 
     async def _submit_unit(self, unit: Any, priority: object, on_outcome: object = None) -> Any:
         priority = check_priority(priority)
         hook = check_on_outcome(on_outcome)
-        self._check_now(unit, 0)
-        if self._gather is not None:
-            return await self._submit_gathered(unit, priority, hook)
+        check_now(unit, 0, self._executor.check)
         with self._bound():
-            sink = ValueSink()
-            run = self._new_run(
-                [unit], sink, _NULL_RECORDER, stop_on_failure=True, priority=priority, on_outcome=hook
-            )
-            await self._drive(run, adapt=False)
+            if self._gather is not None:  # batch=: the unit shares a batch with other calls' units
+                outcome = await self._gather.submit(unit, priority)
+            else:
+                sink = ValueSink()
+                run = self._new_run([unit], sink, _NULL_RECORDER, stop_on_failure=True, priority=priority)
+                await self._drive(run, adapt=False)
+                run.serve_hook()  # the runner's own on_outcome
+                assert sink.outcome is not None
+                outcome = sink.outcome
+                self._observers.totals.add(outcome)
             if self._controller is not None:
                 self._controller.adjust()  # no ticker for one unit: look now
-        assert sink.outcome is not None
-        self._observers.totals.add(sink.outcome)
-        run.serve_hook()
-        return sink.outcome.unwrap()
-
-    async def _submit_gathered(
-        self, unit: Any, priority: int, hook: Callable[[Outcome[Any]], object] | None
-    ) -> Any:
-        """``submit()`` with ``batch=``: the unit shares a batch with other calls' units."""
-        assert self._gather is not None
-        with self._bound():
-            outcome = await self._gather.submit(unit, priority)
-            if self._controller is not None:
-                self._controller.adjust()
-        if hook is not None:
+        if hook is not None:  # the call's own, after the runner's: what it raises, submit() raises
             hook(outcome)
         return outcome.unwrap()
 
@@ -364,10 +336,10 @@ class BaseRunner:
             run = self._new_run(units, sink, recorder, stop_on_failure=False, priority=priority)
             await self._drive(run, adapt=False, workers=1, slot=slot)
 
-
-async def feed(
-    runner: BaseRunner, units: AsyncIterable[Any], settled: Callable[[Outcome[Any]], None]
-) -> None:
-    """Run ``units`` on ``runner``, handing each outcome to ``settled`` on the loop (see ``CallbackSink``)."""
-    with runner._bound(), runner._observers.recording(runner._engine.pool, keep_latencies=False) as recorder:
-        await runner._drive(runner._new_run(units, CallbackSink(settled), recorder, priority=0))
+    async def _feed(self, units: AsyncIterable[Any], settled: Callable[[Outcome[Any]], None]) -> None:
+        """
+        Run ``units``, handing each outcome to ``settled`` on the loop: a ProcessRunner worker's call
+        (see ``CallbackSink``).
+        """
+        with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
+            await self._drive(self._new_run(units, CallbackSink(settled), recorder, priority=0))

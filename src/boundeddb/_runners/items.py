@@ -1,11 +1,31 @@
-"""``map(fn, items)``'s units: ``fn(session, item)`` for each item, pulled lazily."""
+"""A call's units: checked before any database work, and ``map(fn, items)``'s ``fn(session, item)``."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from typing import Any
 
-__all__ = ["BoundItem", "units_of"]
+from .._arguments import checked_iterable
+from .._core.run import UnitCheck
+from .._errors import UnitMisuseError
+
+__all__ = ["BoundItem", "check_now", "checked_units", "units_of"]
+
+
+def checked_units(units: object, check: UnitCheck) -> Iterable[Any] | AsyncIterable[Any]:
+    """``units`` if iterable; a list or tuple is checked whole, before any database work."""
+    checked = checked_iterable(units, "units")
+    if isinstance(checked, (list, tuple)):
+        for index, unit in enumerate(checked):
+            check_now(unit, index, check)
+    return checked
+
+
+def check_now(unit: object, index: int, check: UnitCheck) -> None:
+    """Raise :class:`~boundeddb.UnitMisuseError` if ``check`` finds ``unit`` wrong."""
+    message = check(unit, index)
+    if message is not None:
+        raise UnitMisuseError(message)
 
 
 def units_of(fn: object, items: object, runner: str) -> Iterable[Any] | AsyncIterable[Any]:

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy.pool import Pool
 
 from .._core.recorder import Recorder, Totals
-from .._executors.pool import track_peak
+from .._executors.checkouts import track_peak
 from .._outcome import Outcome
 from .._progress import both_hooks, check_on_outcome, runner_hook
 from .._stats import RunnerStatistics

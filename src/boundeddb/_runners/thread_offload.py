@@ -19,7 +19,7 @@ from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
 from .base import BaseRunner
 from .binding import run_blocking
-from .items import BoundItem, units_of
+from .items import BoundItem, check_now, units_of
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -160,7 +160,7 @@ class ThreadOffloadRunner(BaseRunner):
         """Run ``fn(session, item)`` for every item in worker threads, as :meth:`run` does."""
         units = units_of(fn, items, "ThreadOffloadRunner")
         priority = check_priority(priority)
-        self._check_now(BoundItem(fn, None), 0)  # one function for every item: check it up front
+        check_now(BoundItem(fn, None), 0, self._executor.check)  # one function for all items: check it now
         request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.map", items)
         return await self._run_units(units, priority, request=request)
 

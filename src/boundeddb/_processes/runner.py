@@ -20,14 +20,14 @@ from .._batch import BatchPolicy
 from .._core.recorder import LoopLag
 from .._errors import RunnerClosedError
 from .._outcome import RunReport
-from .._processes.call import Call
-from .._processes.fleet import Fleet
-from .._processes.plan import Plan, check_driver, check_fn
 from .._retry import RetryPolicy
+from .._runners.binding import run_blocking
 from .._stats import RunnerStatistics
 from .._telemetry import labels, register
 from .._typing import ItemT, T
-from .binding import run_blocking
+from .call import Call
+from .fleet import Fleet
+from .plan import Plan, check_driver, check_fn
 
 __all__ = ["ProcessRunner"]
 
