@@ -3,8 +3,8 @@ The Markdown report of a run, and the data behind its ratios and targets.
 
 :func:`render` writes the header, then each section whose rows the run has, in a fixed order:
 throughput, library overhead, instructions, ratios, limit sweep, auto limit, priorities, fleet,
-processes, loop lag, post 004, post 002, memory, targets.  Each section's module turns its rows
-into lines and data; nothing here measures or prints.
+processes, batches, loop lag, post 004, post 002, memory, targets.  Each section's module turns
+its rows into lines and data; nothing here measures or prints.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from ..harness import Measurement
 from ..scenarios import (
+    batching,
     fleet,
     mixed_priorities,
     post002_mysql_sync_vs_async,
@@ -22,6 +23,7 @@ from ..scenarios import (
 from ..scenarios import instructions as instructions_scenario
 from ..scenarios import overhead as overhead_scenario
 from . import auto_limit, instructions, loop_lag, overhead, post002, post004, targets, throughput
+from . import batching as batching_report
 from . import fleet as fleet_report
 from . import mixed_priorities as mixed_report
 from . import processes as processes_report
@@ -96,6 +98,9 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
     if processes_rows := rows_of(processes.GROUP):
         lines, data["processes"] = processes_report.section(processes_rows)
         out += lines
+    if (batch_rows := rows_of(batching.GROUP)) + (batch_sizes := rows_of(batching.SIZES_GROUP)):
+        lines, data["batching"] = batching_report.section(batch_rows, batch_sizes)
+        out += lines
     if loop:
         out += [
             "## Loop lag under HTTP load",
@@ -118,6 +123,7 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         return "\n".join(out) + "\n", data
     ratio = data["ratios"].get("faithful") or throughput.ratios(main, "faithful")
     data["targets"] = targets.collect(env, results, ratio, data)
+    data["targets"] += batching_report.targets(data.get("batching", {}))
     out += targets.lines(data["targets"])
     out += ["", "Measured earlier on this machine with hand-written scripts at N=35,000: "]
     out.append("; ".join(f"{k} {v}" for k, v in targets.PREVIOUS_35K.items()) + ".")

@@ -12,6 +12,7 @@ from ..scenario import Scenario
 from . import (
     async_unbounded,
     auto_limit,
+    batching,
     chunked,
     fleet,
     gevent_pool,
@@ -51,6 +52,8 @@ ALL: tuple[Scenario, ...] = (
     mixed_priorities.SCENARIO,
     fleet.SCENARIO,
     processes.SCENARIO,
+    batching.SCENARIO,
+    batching.SIZES_SCENARIO,
     loop_lag.SCENARIO,
     post004_ping_under_slow_requests.SCENARIO,
     post002_mysql_sync_vs_async.SCENARIO,
