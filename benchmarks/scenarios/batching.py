@@ -28,7 +28,8 @@ and 50); at :data:`FAIL_SIZE` (50) the runners also run with 1% of the units fai
 duplicate key, right after the clean run: a failing unit adds a log row whose unique
 ``request_id`` (-1) was seeded before the run; the post's ops flush it in the unit, which raises,
 while a log row fails the flush before the batch's COMMIT, which names no unit, so the runner
-finds it in a second pass that flushes each unit.  Then the web path: 64 and 512 coroutines (:data:`WEB_CONCURRENCY`, requests in flight) each ``await
+finds it in a second pass that flushes each unit.  Then the web path: 64 and 512 coroutines
+(:data:`WEB_CONCURRENCY`, requests in flight) each ``await
 runner.submit(unit)`` one log row after another on one ``SemaphoreRunner``, with ``batch=None``
 (N/2 requests) and ``BatchPolicy(size=500, linger=...)`` (2 x N); the latency a request adds is
 its whole ``submit()`` call.  ``batching-sizes`` (``--full``, or by name) runs every size of
