@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .db import Server
-    from .harness import Measurement
+    from .measurement import Measurement
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     from .options import parse
     from .report.files import read_results, write_json
     from .scenario import MYSQL
-    from .scenarios import BY_NAME, overhead
+    from .scenarios import overhead
+    from .scenarios.catalog import BY_NAME
     from .suite import about, environment, progress_bars, run_suite
     from .workload import make_ops
 

@@ -1,5 +1,5 @@
 """
-The measuring harness: a scenario's context, the probe that times it, and the rows it records.
+The measuring harness: a scenario's context and the probe that times it.
 
 A :class:`Probe` wraps the timed part of a scenario (``with`` for sync code, ``async with``
 where an event loop runs, which also starts a loop-lag ticker).  While it is open a
@@ -30,53 +30,12 @@ from rich.progress import Progress, TaskID
 from .db import Server
 from .db.postgresql import APP_PREFIX
 from .db.sampler import Sampler
-from .report.stats import percentile
+from .measurement import Measurement, done_line, error_line
+from .stats import percentile
 from .workload import Op
 
 #: The loop-lag ticker's period; the same 5 ms timer boundeddb's RunStats uses.
 TICK_INTERVAL_S = 0.005
-
-
-@dataclass
-class Measurement:
-    """The figures of one scenario run (one row of a table)."""
-
-    scenario: str
-    label: str
-    group: str = "main"
-    schema: str = "faithful"
-    n: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    wall_s: float | None = None
-    ops_per_s: float | None = None
-    p50_s: float | None = None
-    p99_s: float | None = None
-    max_s: float | None = None
-    peak_connections: int | None = None
-    client_cpu_s: float | None = None
-    server_cpu_s: float | None = None
-    loop_lag_p99_s: float | None = None
-    loop_lag_max_s: float | None = None
-    rss_growth_mb: float | None = None
-    connections: list[tuple[float, int]] = field(default_factory=list)
-    config: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-
-
-def done_line(m: Measurement) -> str:
-    """A finished measurement in a few figures, for the progress lines."""
-    parts = [f"{m.succeeded:,} units in {m.wall_s or 0.0:.1f} s"]
-    if m.ops_per_s:
-        parts.append(f"{m.ops_per_s:,.0f}/s")
-    if m.p99_s is not None:
-        parts.append(f"p99 {m.p99_s * 1e3:.1f} ms")
-    if m.peak_connections:
-        parts.append(f"peak {m.peak_connections} connection{'s' if m.peak_connections > 1 else ''}")
-    if m.failed:
-        parts.append(f"{m.failed:,} failed")
-    return ", ".join(parts)
 
 
 @dataclass
@@ -119,6 +78,16 @@ class Context:
     def reset(self) -> None:
         """Fresh tables, in this pass's schema variant."""
         self.db.reset_schema(index=self.index)
+
+    def failed(
+        self, scenario: str, label: str, error: BaseException | str, *, group: str = "main", **config: Any
+    ) -> Measurement:
+        """Record a row that ``error`` stopped (the run goes on), and say so in the progress lines."""
+        shown = error if isinstance(error, str) else error_line(error)
+        m = Measurement(scenario, label, group=group, schema=self.schema, config=config, error=shown)
+        self.results.append(m)
+        self.log(f"{label}: FAILED: {shown}")
+        return m
 
     def log(self, message: str) -> None:
         """A progress line, on stderr now (above the bars on a terminal): never held in a buffer."""

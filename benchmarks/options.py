@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .db import mysql as mysql_db
 from .scenario import MYSQL, POSTGRESQL
-from .scenarios import BY_NAME, default_set, on, overhead, post002_mysql_sync_vs_async, processes
+from .scenarios import overhead, post002_mysql_sync_vs_async, processes
+from .scenarios.catalog import BY_NAME, default_set, on
 from .suite import about
 
 #: Default DB requests per loop-lag variant: N/2, at most this (the scenario has 18 variants).

@@ -2,7 +2,7 @@
 The :class:`Scenario` record: how each scenario module declares itself to the suite.
 
 A scenario module (in :mod:`benchmarks.scenarios`) holds one record per ``--scenario`` name it
-offers; :data:`benchmarks.scenarios.ALL` lists them all in the order a run takes them.  The record
+offers; :data:`benchmarks.scenarios.catalog.ALL` lists them all in the order a run takes them.  The record
 says what the scenario runs, on which databases, how ``--rounds`` and ``--index`` treat it,
 where its rows go in the report, whether a plain run includes it, and about how long it takes.
 """

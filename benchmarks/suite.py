@@ -1,7 +1,7 @@
 """
 Running the chosen scenarios: their order, passes and rounds, progress lines, the run's environment.
 
-A run takes its scenarios in :data:`benchmarks.scenarios.ALL`'s order, once on the post's schema
+A run takes its scenarios in :data:`benchmarks.scenarios.catalog.ALL`'s order, once on the post's schema
 and, with ``--index``, again on the indexed schema (the scenarios whose record says so).  Every
 scenario and every measurement prints a line as it happens (to stderr, flushed: nox and CI pipes
 show them live); on a terminal, progress bars too.  A failing scenario becomes an error row,
@@ -27,9 +27,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .db import Server
-from .harness import Context, Measurement, SuiteProgress
+from .harness import Context, SuiteProgress
 from .scenario import Scenario
-from .scenarios import BY_NAME, overhead
+from .scenarios import overhead
+from .scenarios.catalog import BY_NAME
 
 PACKAGES = (
     "boundeddb", "sqlalchemy", "asyncpg", "psycopg", "psycopg-binary", "psycopg2-binary", "greenlet",
@@ -154,11 +155,7 @@ def run_scenario(ctx: Context, scenario: Scenario, *, round_no: int | None, orde
     try:
         scenario.run(ctx)
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        ctx.results.append(
-            Measurement(scenario=scenario.name, label=scenario.name, schema=ctx.schema, error=error)
-        )
-        ctx.log(f"{scenario.name}: FAILED: {error}")
+        ctx.failed(scenario.name, scenario.name, exc)
     if round_no is not None and scenario.throughput:
         for m in ctx.results[before:]:
             m.config.update(round=round_no, order=order)

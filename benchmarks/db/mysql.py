@@ -27,7 +27,7 @@ from sqlalchemy import URL, Engine, create_engine, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from . import ServerFacts
+from .facts import ServerFacts
 from .proc import thread_cpu_s, threads_cpu_s
 from .schema import SCHEMA, Base
 

@@ -19,7 +19,7 @@ from sqlalchemy.pool import NullPool
 
 from boundeddb.testing import postgres
 
-from . import ServerFacts
+from .facts import ServerFacts
 from .proc import proc_cpu_s
 from .schema import DEFAULT_SCHEMA, SCHEMA, Base
 

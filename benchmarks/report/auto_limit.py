@@ -7,10 +7,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from ..scenarios import auto_limit as al
+from ..stats import geometric_mean
 from .charts import plt
-from .stats import geometric_mean
 from .tables import fmt, row, verdict
 
 #: auto >= this fraction of the best fixed limit's ops/s (geometric mean of the rounds' ratios).

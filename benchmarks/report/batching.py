@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from ..scenarios import batching as sc
 from ..scenarios._batching import FAIL_SHARE, LIMIT, WORKLOADS
 from .tables import fmt, table, verdict

@@ -1,5 +1,6 @@
 """
-PNG charts (matplotlib, Agg): connections over time, the limit sweep, /ping latency.
+PNG charts (matplotlib, Agg): ops/s of the throughput rows, connections over time, the limit sweep,
+/ping latency.
 
 The other sections' charts live beside their sections and take ``plt`` from here, so matplotlib
 is set to the Agg backend once.
@@ -16,10 +17,47 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 
-from ..harness import Measurement
-from .stats import by_fixed_limit
+from ..measurement import Measurement
+from ..stats import by_fixed_limit, measured
 
-__all__ = ["connections", "loop_lag", "plt", "sweep"]
+__all__ = ["connections", "loop_lag", "plt", "sweep", "throughput"]
+
+
+#: How the charts name the two schemas.
+SCHEMA_NAMES = {"faithful": "the post's schema", "index": "with an index on b.a_id"}
+
+
+def throughput(path: Path, rows: list[Measurement]) -> Path | None:
+    """ops/s of each throughput row side by side (one bar per schema that ran), each bar labelled."""
+    rows = measured(rows)
+    if not rows:
+        return None
+    names = list(dict.fromkeys(m.label.removesuffix(" [index]") for m in rows))
+    schemas = [s for s in SCHEMA_NAMES if any(m.schema == s for m in rows)]
+    fig, ax = plt.subplots(figsize=(7.5, 0.5 * len(names) + 1.3))
+    height = 0.8 / len(schemas)
+    # A bar far beyond the others (raw asyncpg with the index) is cut at the axis's end, its figure kept.
+    highest = sorted(m.ops_per_s or 0.0 for m in rows)
+    end = 1.15 * (highest[-2] if len(highest) > 1 and highest[-1] > 2 * highest[-2] else highest[-1])
+    for k, schema in enumerate(schemas):
+        ops = {m.label.removesuffix(" [index]"): m.ops_per_s or 0.0 for m in rows if m.schema == schema}
+        ys = [i + (k - (len(schemas) - 1) / 2) * height for i in range(len(names))]
+        bars = ax.barh(
+            ys, [min(ops.get(name, 0.0), end) for name in names], height, label=SCHEMA_NAMES[schema]
+        )
+        shown = [f"{ops[n]:,.0f}{' (bar cut)' if ops[n] > end else ''}" if n in ops else "" for n in names]
+        ax.bar_label(bars, labels=shown, padding=3, fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, end * 1.12)
+    ax.set_xlabel("ops/s (more is better)")
+    ax.set_title(f"Throughput per scenario, N={rows[0].n:,} ORM ops (half creates, half reads)", fontsize=10)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def connections(path: Path, rows: list[Measurement], *, source: str = "pg_stat_activity") -> Path | None:

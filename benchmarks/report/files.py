@@ -12,13 +12,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from ..scenarios import fleet, mixed_priorities, post002_mysql_sync_vs_async, processes
 from . import auto_limit, charts, post002
 from . import fleet as fleet_report
 from . import mixed_priorities as mixed_report
 from . import processes as processes_report
 from .render import render
+from .tables import median_rows
 
 
 def write_json(path: Path, env: dict[str, Any], results: list[Measurement], data: dict[str, Any]) -> None:
@@ -38,6 +39,7 @@ def write_report(
         return [m for m in results if m.group == group]
 
     drawn = [
+        charts.throughput(out / "throughput.png", median_rows(rows("main"))),
         charts.connections(
             out / "connections.png",
             [m for m in rows("main") if m.config.get("round", 1) == 1],

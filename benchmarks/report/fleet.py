@@ -6,11 +6,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from ..scenarios import fleet
+from ..stats import measured as _ok
+from ..stats import median_of as _median
 from .charts import plt
-from .stats import measured as _ok
-from .stats import median_of as _median
 from .tables import fmt
 
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
+from ..stats import by_fixed_limit, measured, median_of
 from .loop_lag import INLINE, best_boundeddb
-from .stats import by_fixed_limit, measured, median_of
-from .tables import median_rows
+from .tables import UNDECIDED, median_rows
 from .throughput import RUNNERS
 
 #: The throughput rows the first line names, when they ran: the post's three strategies.
 POST_ROWS = ("sync", "async-unbounded", "chunked")
 MOST = 5
+#: The statuses the targets' line counts; ``n/a`` (the target's scenario did not run) it does not.
+STATUSES = ("PASS", "MISS", "FAIL", UNDECIDED)
 
 
 def _connections(m: Measurement) -> str:
@@ -81,14 +83,26 @@ def _loop_lag(results: list[Measurement]) -> str | None:
     )
 
 
+def _dig(data: dict[str, Any], *paths: str) -> list[Any] | None:
+    """The value at each dotted path of ``data`` (``"fleet.sides.pooler"``); None if one is missing."""
+    found = []
+    for path in paths:
+        value: Any = data
+        for key in path.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is None:
+            return None
+        found.append(value)
+    return found
+
+
 def _mixed(data: dict[str, Any]) -> str | None:
-    v = data.get("mixed", {}).get("variants", {})
-    none, reserve = v.get("none", {}).get("wait_p99_ms"), v.get("reserve", {}).get("wait_p99_ms")
-    if none is None or reserve is None:
+    got = _dig(data, "mixed.variants.reserve.wait_p99_ms", "mixed.variants.none.wait_p99_ms")
+    if got is None:
         return None
     return (
-        f"Short units beside a bulk run: wait p99 {reserve:.2f} ms with priority=1 and reserve=1, "
-        f"{none:.2f} ms with neither."
+        f"Short units beside a bulk run: wait p99 {got[0]:.2f} ms with priority=1 and reserve=1, "
+        f"{got[1]:.2f} ms with neither."
     )
 
 
@@ -124,13 +138,12 @@ def _post004(results: list[Measurement]) -> str | None:
 
 
 def _fleet(data: dict[str, Any]) -> str | None:
-    sides = data.get("fleet", {}).get("sides", {})
-    ratio = data.get("fleet", {}).get("pooler_vs_direct", {}).get("ops_ratio")
-    pooler = sides.get("pooler")
-    if pooler is None or ratio is None:
+    got = _dig(data, "fleet.sides.pooler.peak_server_connections", "fleet.pooler_vs_direct.ops_ratio")
+    if got is None:
         return None
+    peak, ratio = got
     return (
-        f"Fleet through PgBouncer: at most {pooler['peak_server_connections']} server connections, "
+        f"Fleet through PgBouncer: at most {peak} server connections, "
         f"ops/s {ratio:.2f} of the same processes direct."
     )
 
@@ -165,7 +178,7 @@ def _instructions(data: dict[str, Any]) -> str | None:
 
 def _targets(data: dict[str, Any]) -> str | None:
     found = data.get("targets", [])
-    counts = {s: sum(1 for t in found if t["status"] == s) for s in ("PASS", "MISS")}
+    counts = {s: sum(1 for t in found if t["status"] == s) for s in STATUSES}
     if not any(counts.values()):
         return None
     shown = ", ".join(f"{n} {s}" for s, n in counts.items() if n)

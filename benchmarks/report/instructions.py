@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from ..scenarios.instructions import GROUP, LARGE, SMALL
 from ..scenarios.overhead import HAND_WRITTEN, INSTRUMENTED, INSTRUMENTED_GOAL, LIBRARY, PAIRS, TARGET
 from .tables import verdict

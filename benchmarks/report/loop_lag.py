@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from .tables import fmt
 
 #: The loop-lag kinds that call the database through a boundeddb runner.

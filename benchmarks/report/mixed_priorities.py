@@ -6,12 +6,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from ..scenarios import mixed_priorities as mixed
 from ..scenarios.loop_lag import BULK_KIND
+from ..stats import measured as _ok
+from ..stats import median_of as _median
 from .charts import plt
-from .stats import measured as _ok
-from .stats import median_of as _median
 from .tables import fmt
 
 #: With a reserve, the interactive units' wait p99 (median of the rounds) is at most this.

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..harness import Measurement
-from ..scenarios.overhead import GROUP, HAND_WRITTEN, LIBRARY, PAIRS, TARGET
-from .stats import median_of
-from .tables import fmt, rounds, table, verdict
+from ..measurement import Measurement
+from ..scenarios.overhead import FULL_ROUNDS, GROUP, HAND_WRITTEN, LIBRARY, PAIRS, TARGET
+from ..stats import median_of
+from .tables import NOISE, fmt, rounds, table, verdict
+
+#: The fewest rounds whose median decides the 3% target: fewer are shown as not decided.
+DECIDING_ROUNDS = FULL_ROUNDS
+#: What a target line adds when its rounds cannot decide it.
+UNDECIDABLE = (
+    f"a round moves by ±{NOISE:.0%}, too much to tell 3% with fewer than {DECIDING_ROUNDS} rounds: "
+    f"decide it with --overhead-rounds {DECIDING_ROUNDS} or --scenario instructions"
+)
 
 
 def _ok(m: Measurement | None) -> bool:
@@ -189,15 +197,18 @@ def targets(over: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         for pair in PAIRS.values():
             s = medians.get(pair.name)
             value = s["ratio_median"] if s else None
+            k = len(s["ratios"]) if s else 0
             if s and value is not None:
                 shown = (
-                    f"{value:.4f} (median of {rounds(len(s['ratios']))}, "
+                    f"{value:.4f} (median of {rounds(k)}, "
                     f"min {fmt(s['ratio_min'], digits=3)}, max {fmt(s['ratio_max'], digits=3)}; "
                     f"CPU ratio {fmt(s['cpu_ratio_median'], digits=3)})"
                 )
+                if k < DECIDING_ROUNDS:
+                    shown += f"; {UNDECIDABLE}"
             else:
                 shown = "no round completed" if s else "the overhead scenario did not run"
-            status = verdict(value, TARGET)
+            status = verdict(value, TARGET, decided=k >= DECIDING_ROUNDS)
             out.append(
                 {
                     "target": f"every runner >= {TARGET} of its hand-written equivalent: "

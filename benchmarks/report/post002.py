@@ -6,10 +6,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from ..scenarios.post002_mysql_sync_vs_async import CLAIMS, LOOP
+from ..stats import median_of
 from .charts import plt
-from .stats import median_of
 from .tables import fmt, rounds, row
 
 

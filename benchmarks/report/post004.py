@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from ..scenarios.post004_ping_under_slow_requests import CONTROL_SLEEP_S, LIMIT, REQUESTS
 
 

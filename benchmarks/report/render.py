@@ -9,9 +9,10 @@ its rows into lines and data; nothing here measures or prints.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from ..scenarios import (
     batching,
     fleet,
@@ -61,6 +62,18 @@ def header(env: dict[str, Any], *, rounds: int, mysql: bool) -> list[str]:
     return out
 
 
+def _sweep(rows: list[Measurement]) -> list[str]:
+    return [f"## Limit sweep (N={rows[0].n:,} per point)", "", *sweep_table(rows), ""]
+
+
+def _loop_lag(rows: list[Measurement]) -> list[str]:
+    return ["## Loop lag under HTTP load", "", *loop_lag.loop_table(rows), "", *loop_lag.ping_paragraph(rows)]
+
+
+def _memory(rows: list[Measurement]) -> list[str]:
+    return ["## Memory", "", *memory_table(rows), ""]
+
+
 def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[str, Any]]:
     """The Markdown report and the data of ratios and targets."""
     main = [m for m in results if m.group == "main"]
@@ -74,51 +87,37 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
     def rows_of(group: str) -> list[Measurement]:
         return [m for m in results if m.group == group]
 
+    def section(group: str, key: str | None, write: Callable[[list[Measurement]], Any]) -> None:
+        """The section of ``group``'s rows, if the run has any; its data under ``key``."""
+        if rows := rows_of(group):
+            lines = write(rows)
+            if key is not None:
+                lines, data[key] = lines
+            out.extend(lines)
+
     if main:
         out += throughput.section(main, mysql=mysql)
-    if over_rows := rows_of(overhead_scenario.GROUP):
-        lines, data["overhead"] = overhead.section(over_rows)
-        out += lines
-    if instr_rows := rows_of(instructions_scenario.GROUP):
-        lines, data["instructions"] = instructions.section(instr_rows)
-        out += lines
-    out += throughput.ratio_lines(main, over_rows, data, mysql=mysql, rounds_run=rounds)
-    if sweep := rows_of("sweep"):
-        out += [f"## Limit sweep (N={sweep[0].n:,} per point)", "", *sweep_table(sweep), ""]
-    if auto_rows := rows_of("auto"):
-        lines, data["auto_limit"] = auto_limit.section(auto_rows)
-        out += lines
+    section(overhead_scenario.GROUP, "overhead", overhead.section)
+    section(instructions_scenario.GROUP, "instructions", instructions.section)
+    out += throughput.ratio_lines(
+        main, rows_of(overhead_scenario.GROUP), data, mysql=mysql, rounds_run=rounds
+    )
+    section("sweep", None, _sweep)
+    section("auto", "auto_limit", auto_limit.section)
     loop = rows_of("loop-lag")
-    if mixed_rows := rows_of(mixed_priorities.GROUP):
-        lines, data["mixed"] = mixed_report.section(mixed_rows, loop)
-        out += lines
-    if fleet_rows := rows_of(fleet.GROUP):
-        lines, data["fleet"] = fleet_report.section(fleet_rows)
-        out += lines
-    if processes_rows := rows_of(processes.GROUP):
-        lines, data["processes"] = processes_report.section(processes_rows)
-        out += lines
+    section(mixed_priorities.GROUP, "mixed", lambda rows: mixed_report.section(rows, loop))
+    section(fleet.GROUP, "fleet", fleet_report.section)
+    section(processes.GROUP, "processes", processes_report.section)
     if (batch_rows := rows_of(batching.GROUP)) + (batch_sizes := rows_of(batching.SIZES_GROUP)):
         lines, data["batching"] = batching_report.section(batch_rows, batch_sizes)
         out += lines
-    if loop:
-        out += [
-            "## Loop lag under HTTP load",
-            "",
-            *loop_lag.loop_table(loop),
-            "",
-            *loop_lag.ping_paragraph(loop),
-        ]
-    if p004 := rows_of(post004_ping_under_slow_requests.GROUP):
-        out += post004.section(p004)
-    if p002 := rows_of(post002_mysql_sync_vs_async.GROUP):
-        lines, data["post_002"] = post002.section(p002)
-        out += lines
-    if mem := rows_of("memory"):
-        out += ["## Memory", "", *memory_table(mem), ""]
+    section("loop-lag", None, _loop_lag)
+    section(post004_ping_under_slow_requests.GROUP, None, post004.section)
+    section(post002_mysql_sync_vs_async.GROUP, "post_002", post002.section)
+    section("memory", None, _memory)
     if mysql:  # the suite's other targets are the PostgreSQL suite's
         ratio = data["ratios"].get("faithful") or throughput.mysql_ratios(main, "faithful")
-        data["targets"] = targets.mysql_targets(ratio)
+        data["targets"] = targets.mysql_targets(ratio, rounds)
         out += targets.lines(data["targets"])
         return "\n".join(out) + "\n", data
     ratio = data["ratios"].get("faithful") or throughput.ratios(main, "faithful")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from ..harness import Measurement
-from .stats import median_of
+from ..measurement import Measurement
+from ..stats import median_of
 
 
 def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -30,10 +30,21 @@ def rounds(n: int) -> str:
     return f"{n} round" if n == 1 else f"{n} rounds"
 
 
-def verdict(value: float | None, goal: float, *, at_most: bool = False) -> str:
-    """A target's status: PASS at ``goal`` or above (``at_most``: at or below), MISS else, n/a without."""
+#: The status of a target whose measurements cannot tell PASS from MISS (too few rounds for the noise).
+UNDECIDED = "not decided"
+#: How far one measurement of ops/s moves from round to round on the shared 2-core machine.
+NOISE = 0.10
+
+
+def verdict(value: float | None, goal: float, *, at_most: bool = False, decided: bool = True) -> str:
+    """
+    A target's status: PASS at ``goal`` or above (``at_most``: at or below), MISS else, n/a without a
+    value, :data:`UNDECIDED` where the caller says the measurements cannot decide (``decided=False``).
+    """
     if value is None:
         return "n/a"
+    if not decided:
+        return UNDECIDED
     return "PASS" if (value <= goal if at_most else value >= goal) else "MISS"
 
 

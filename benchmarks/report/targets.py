@@ -1,5 +1,5 @@
 """
-The report's targets: the project's goals, each PASS, MISS or n/a (reported, never asserted).
+The report's targets: the project's goals, each PASS, MISS, not decided or n/a (reported, never asserted).
 
 The throughput, overhead, loop-lag and memory targets are here; the instructions, auto-limit,
 mixed and processes sections add their own (see :func:`collect`).
@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from . import auto_limit, instructions, mixed_priorities, overhead, processes
 from .loop_lag import INLINE, best_boundeddb
-from .tables import fmt, verdict
+from .tables import NOISE, fmt, verdict
+
+#: The goal of the fastest runner against chunks of 40, and the rounds whose medians decide it.
+SPEEDUP, SPEEDUP_ROUNDS = 1.3, 3
 
 #: What hand-written scripts measured on this machine at N=35,000 (for orientation only).
 PREVIOUS_35K = {
@@ -30,17 +33,14 @@ def targets(
     ratio: dict[str, dict[str, Any]],
     over: dict[str, dict[str, dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The issue's targets, each PASS, MISS or n/a (reported, never asserted)."""
+    """The issue's targets, each PASS, MISS, not decided or n/a (reported, never asserted)."""
 
     def check(name: str, value: float | None, ok: Callable[[float], bool], shown: str) -> dict[str, Any]:
         status = "n/a" if value is None else ("PASS" if ok(value) else "MISS")
         return {"target": name, "value": value, "status": status, "shown": shown}
 
-    out = []
-    r = ratio["best runner / chunked"]["value"]
-    out.append(
-        check("fastest runner >= 1.3x chunked-40 ops/s", r, lambda v: v >= 1.3, f"{fmt(r, digits=2)}x")
-    )
+    rounds_run = max((int(m.config.get("round", 1)) for m in results if m.group == "main"), default=1)
+    out = [speedup(ratio, rounds_run)]
     out += overhead.targets(over or {})
     loop = [m for m in results if m.group == "loop-lag"]
     inline = next((m for m in loop if m.label == INLINE and not m.error), None)
@@ -90,12 +90,26 @@ def collect(
     return out
 
 
-def mysql_targets(ratio: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The one target of a MySQL/MariaDB run: the fastest runner against chunks of 40."""
+def speedup(ratio: dict[str, dict[str, Any]], rounds_run: int, database: str = "") -> dict[str, Any]:
+    """
+    The fastest runner against chunks of 40, from the throughput rows: not decided where one round
+    lands within the noise of the goal.
+    """
     r = ratio["best runner / chunked"]["value"]
-    status = verdict(r, 1.3)
-    target = "fastest runner >= 1.3x chunked-40 ops/s (MySQL/MariaDB)"
-    return [{"target": target, "value": r, "status": status, "shown": f"{fmt(r, digits=2)}x"}]
+    shown = f"{fmt(r, digits=2)}x"
+    decided = r is None or rounds_run >= SPEEDUP_ROUNDS or abs(r / SPEEDUP - 1) > NOISE
+    if not decided:
+        shown += (
+            f" (one round moves by ±{NOISE:.0%}, and this is within that of {SPEEDUP}x: decide it with "
+            f"--rounds {SPEEDUP_ROUNDS})"
+        )
+    target = f"fastest runner >= {SPEEDUP}x chunked-40 ops/s{database}"
+    return {"target": target, "value": r, "status": verdict(r, SPEEDUP, decided=decided), "shown": shown}
+
+
+def mysql_targets(ratio: dict[str, dict[str, Any]], rounds_run: int) -> list[dict[str, Any]]:
+    """The one target of a MySQL/MariaDB run: the fastest runner against chunks of 40."""
+    return [speedup(ratio, rounds_run, " (MySQL/MariaDB)")]
 
 
 def lines(found: list[dict[str, Any]]) -> list[str]:

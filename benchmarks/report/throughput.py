@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..harness import Measurement
+from ..measurement import Measurement
 from ..scenarios.overhead import PAIRS
 from .tables import fmt, main_table, rounds
 

@@ -49,12 +49,12 @@ class Timing:
 # -- the sync side: SQLAlchemy engines ------------------------------------------------------------
 
 
-def _sync_engine(ctx: Context, driver: str, *, query: str = "", **kw: Any) -> tuple[Engine, list[int]]:
+def _sync_engine(ctx: Context, driver: str, *, query: str = "") -> tuple[Engine, list[int]]:
     """The post's engine (``pool_size=100, pool_recycle=3600``) and a counter of connections it opens."""
     url = ctx.db.url.set(drivername=f"mysql+{driver}", database=SCHEMA)
     if query:
         url = url.update_query_string(query)
-    engine = create_engine(url, pool_size=POOL_MIN_SIZE, pool_recycle=POOL_RECYCLE, **kw)
+    engine = create_engine(url, pool_size=POOL_MIN_SIZE, pool_recycle=POOL_RECYCLE)
     opened = [0]
     event.listen(engine, "connect", lambda *_: opened.__setitem__(0, opened[0] + 1))
     return engine, opened
@@ -65,43 +65,29 @@ def _session_autocommit(engine: Engine) -> int:
         return int(conn.exec_driver_sql("SELECT @@autocommit").scalar_one())
 
 
-def sa_autocommit_test(driver: str, *, query: str = "", **kw: Any) -> Callable[[Context, list[str]], Timing]:
-    """The post's test 1, sync side: connect, execute, (1.4's autocommit: commit,) close; 100 times."""
+def sa_test(
+    driver: str, *, query: str = "", transaction: bool = False
+) -> Callable[[Context, list[str]], Timing]:
+    """
+    The post's sync side, 100 times: connect, execute, (1.4's autocommit: commit,) close in test 1;
+    connect, begin, execute, commit, close in test 2 (``transaction``).
+    """
 
     def measure(ctx: Context, sqls: list[str]) -> Timing:
-        engine, opened = _sync_engine(ctx, driver, query=query, **kw)
+        engine, opened = _sync_engine(ctx, driver, query=query)
         latencies: list[float] = []
         try:
             cpu0, t0 = time.process_time(), time.perf_counter()
             for sql in sqls:
                 start = time.perf_counter()
                 conn = engine.connect()
-                conn.exec_driver_sql(sql)
-                conn.commit()
-                conn.close()
-                latencies.append(time.perf_counter() - start)
-            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-            return Timing(wall, cpu, latencies, opened[0], _session_autocommit(engine))
-        finally:
-            engine.dispose()
-
-    return measure
-
-
-def sa_transaction_test(driver: str) -> Callable[[Context, list[str]], Timing]:
-    """The post's test 2, sync side: connect, begin, execute, commit, close; 100 times."""
-
-    def measure(ctx: Context, sqls: list[str]) -> Timing:
-        engine, opened = _sync_engine(ctx, driver)
-        latencies: list[float] = []
-        try:
-            cpu0, t0 = time.process_time(), time.perf_counter()
-            for sql in sqls:
-                start = time.perf_counter()
-                conn = engine.connect()
-                trans = conn.begin()
-                conn.exec_driver_sql(sql)
-                trans.commit()
+                if transaction:
+                    trans = conn.begin()
+                    conn.exec_driver_sql(sql)
+                    trans.commit()
+                else:
+                    conn.exec_driver_sql(sql)
+                    conn.commit()
                 conn.close()
                 latencies.append(time.perf_counter() - start)
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0

@@ -12,13 +12,12 @@ tasks wait rather than fail.  The row reports how many connections the run grabb
 from __future__ import annotations
 
 import asyncio
-import time
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from ..harness import Context, Probe
 from ..scenario import throughput_row
-from ..workload import Op, op_async
+from .hand_rolled import timed_op
 
 MAX_POOL = 90
 POOL_TIMEOUT_S = 3600
@@ -26,15 +25,6 @@ POOL_TIMEOUT_S = 3600
 
 def run(ctx: Context) -> None:
     asyncio.run(_main(ctx))
-
-
-async def _one(sessions: async_sessionmaker[AsyncSession], op: Op, p: Probe) -> float:
-    start = time.perf_counter()
-    async with sessions() as session:
-        await op_async(session, op)
-        await session.commit()
-    p.tick()
-    return time.perf_counter() - start
 
 
 async def _main(ctx: Context) -> None:
@@ -61,7 +51,7 @@ async def _main(ctx: Context) -> None:
         async with probe as p:
             tasks = []
             for op in ctx.ops:
-                tasks.append(asyncio.create_task(_one(sessions, op, p)))
+                tasks.append(asyncio.create_task(timed_op(sessions, op, p)))
                 if op.kind == "create":
                     await asyncio.sleep(0)  # the post's trick
             done, _ = await asyncio.wait(tasks)

@@ -44,8 +44,8 @@ from boundeddb import Outcome
 from .. import workers
 from ..db.schema import A
 from ..harness import Context
-from ..report.stats import by_fixed_limit, percentile
 from ..scenario import Scenario
+from ..stats import by_fixed_limit, percentile
 from ..workload import async_unit
 from . import semaphore, threads
 from ._runner import record

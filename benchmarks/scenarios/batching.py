@@ -55,8 +55,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from boundeddb import BatchPolicy, SemaphoreRunner, ThreadOffloadRunner
 
 from ..harness import Context, Probe
-from ..report.stats import percentile
 from ..scenario import Scenario
+from ..stats import percentile
 from ._batching import (
     LIMIT,
     WORKLOADS,
@@ -98,43 +98,44 @@ async def measure(ctx: Context, work: Work, side: str, batch: int | None, group:
     reset(ctx)
     label = label_of(work, side, batch)
     app = ctx.app_name(label)
-    driver = "asyncpg" if side in ("hand", "semaphore") else "psycopg"
+    is_async = side in ("hand", "semaphore")
+    driver = "asyncpg" if is_async else "psycopg"
     config = {"workload": work.workload, "side": side, "batch": batch, "limit": LIMIT, "pool_size": LIMIT,
               "max_overflow": 0, "driver": driver, "units": work.n, "failing": len(work.failing)}  # fmt: skip
     probe = Probe(ctx, group, label, total=work.n, app_name=app, group=group, config=config,
                   bar=side.startswith("hand"))  # fmt: skip
-    if driver == "asyncpg":
-        engine = ctx.db.async_engine(app, pool_size=LIMIT)
-        sessions = async_sessionmaker(engine, expire_on_commit=False)
-        try:
-            await warm(engine)
-            counts = count_transactions(engine.sync_engine)
-            if side == "hand":
-                async with probe as p:
-                    p.latencies = await hand_async(sessions, work, batch or 1, p)
-            else:
-                units = [async_unit(work, i) for i in range(work.n)]
-                runner = SemaphoreRunner(sessions, limit=LIMIT, batch=batch, errors="collect")
-                async with runner, probe as p:
-                    record(p, await runner.run(units, progress=p.runner_progress()))
-        finally:
-            await engine.dispose()
+    if is_async:
+        engine: Any = ctx.db.async_engine(app, pool_size=LIMIT)
+        sessions: Any = async_sessionmaker(engine, expire_on_commit=False)
     else:
-        sync_engine = ctx.db.sync_engine(app, pool_size=LIMIT, driver="psycopg")
-        sync_sessions = sessionmaker(sync_engine, expire_on_commit=False)
-        try:
-            warm_sync(sync_engine)
-            counts = count_transactions(sync_engine)
-            if side == "hand-threads":
-                async with probe as p:
-                    p.latencies = await asyncio.to_thread(hand_threads, sync_sessions, work, batch or 1, p)
-            else:
-                sync_units = [sync_unit(work, i) for i in range(work.n)]
-                runner_t = ThreadOffloadRunner(sync_sessions, limit=LIMIT, batch=batch, errors="collect")
-                async with runner_t, probe as p:
-                    record(p, await runner_t.run(sync_units, progress=p.runner_progress()))
-        finally:
-            sync_engine.dispose()
+        engine = ctx.db.sync_engine(app, pool_size=LIMIT, driver=driver)
+        sessions = sessionmaker(engine, expire_on_commit=False)
+    try:
+        if is_async:
+            await warm(engine)
+        else:
+            warm_sync(engine)
+        counts = count_transactions(engine.sync_engine if is_async else engine)
+        if side.startswith("hand"):
+            async with probe as p:
+                if is_async:
+                    p.latencies = await hand_async(sessions, work, batch or 1, p)
+                else:
+                    p.latencies = await asyncio.to_thread(hand_threads, sessions, work, batch or 1, p)
+        else:
+            kind: tuple[Any, Any] = (
+                (async_unit, SemaphoreRunner) if is_async else (sync_unit, ThreadOffloadRunner)
+            )
+            make_unit, runner_class = kind
+            units = [make_unit(work, i) for i in range(work.n)]
+            runner = runner_class(sessions, limit=LIMIT, batch=batch, errors="collect")
+            async with runner, probe as p:
+                record(p, await runner.run(units, progress=p.runner_progress()))
+    finally:
+        if is_async:
+            await engine.dispose()
+        else:
+            engine.dispose()
     probe.m.extra.update(counts, rows=count_rows(ctx, work))
 
 

@@ -24,8 +24,9 @@ a server connection included), the runner's slot wait p99, the server connection
 the client it serves, the side's own), and for the pooler the clients' wait for a server
 connection from PgBouncer's ``SHOW STATS`` (``total_wait_time`` / ``total_xact_count``).
 
-PgBouncer comes from ``tests/pgbouncer.py`` (the tests' fixture); where it is not installed the
-scenario records one error row saying so.  The fleet runs ``min(N, FLEET_CAP)`` ops in all.
+PgBouncer is started by :class:`benchmarks.db.pgbouncer.PgBouncer`, which the tests use too; where
+it is not installed the scenario records one error row saying so.  The fleet runs
+``min(N, FLEET_CAP)`` ops in all.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import workers
-from ..harness import Context, Measurement, Probe
+from ..db.pgbouncer import DATABASE, PgBouncer, pgbouncer_binary
+from ..harness import Context, Probe
+from ..measurement import Measurement, error_line
 from ..scenario import Scenario
 
 GROUP = "fleet"
@@ -70,7 +73,6 @@ SIDES = (
 def _pooler_stats(dsn: str) -> tuple[int, int] | None:
     """(total_xact_count, total_wait_time in µs) of the fleet's database at PgBouncer."""
     import psycopg2  # the admin console speaks the simple query protocol only
-    from tests.pgbouncer import DATABASE
 
     conn = psycopg2.connect(dsn)
     try:
@@ -175,15 +177,9 @@ def measure(ctx: Context, side: Side, bouncer: Any, k: int) -> None:
 
 
 def run(ctx: Context) -> None:
-    try:
-        from tests.pgbouncer import PgBouncer, pgbouncer_binary
-    except ImportError as exc:  # run from outside the repository
-        ctx.results.append(Measurement("fleet", "fleet", group=GROUP, error=f"tests.pgbouncer: {exc}"))
-        return
     if pgbouncer_binary() is None:
         error = "pgbouncer is not installed (apt-get install pgbouncer): the fleet scenario did not run"
-        ctx.log(error)
-        ctx.results.append(Measurement("fleet", "fleet", group=GROUP, error=error))
+        ctx.failed("fleet", "fleet", error, group=GROUP)
         return
     with PgBouncer(ctx.db.url, pool_size=POOL, max_client_conn=PROCESSES * LIMIT + 10) as bouncer:
         for k in range(ROUNDS):
@@ -191,11 +187,8 @@ def run(ctx: Context) -> None:
                 try:
                     measure(ctx, side, bouncer, k + 1)
                 except Exception as exc:  # one failed side must not lose the rounds after it
-                    error = f"{type(exc).__name__}: {exc}"[:600]
-                    ctx.log(f"{side.label()} round {k + 1} FAILED: {error}")
-                    failed = Measurement("fleet", side.label(), group=GROUP, error=error)
-                    failed.config.update(side=side.name, round=k + 1)
-                    ctx.results.append(failed)
+                    error = error_line(exc, 600)
+                    ctx.failed("fleet", side.label(), error, group=GROUP, side=side.name, round=k + 1)
 
 
 SCENARIO = Scenario(

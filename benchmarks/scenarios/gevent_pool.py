@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 
 from .. import workers
-from ..harness import Context, Measurement, Probe
+from ..harness import Context, Probe
+from ..measurement import Measurement
 from ..scenario import throughput_row
 
 

@@ -33,12 +33,13 @@ op); await session.commit()``, or its sync twin), with ``expire_on_commit=False`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..harness import Context, Probe
@@ -57,71 +58,96 @@ def run(ctx: Context) -> None:
     measure_threads(ctx, ctx.limit, ctx.ops)
 
 
-def _async_setup(
-    ctx: Context, limit: int, label: str
-) -> tuple[str, AsyncEngine, async_sessionmaker[AsyncSession], dict[str, Any]]:
-    """Fresh tables, then the engine, sessionmaker and config of one async measurement."""
+async def timed_op(sessions: async_sessionmaker[AsyncSession], op: Op, p: Probe) -> float:
+    """``op`` in a session of its own, committed: its latency; one tick of ``p``'s bar."""
+    start = time.perf_counter()
+    async with sessions() as session:
+        await op_async(session, op)
+        await session.commit()
+    p.tick()
+    return time.perf_counter() - start
+
+
+def _settled(p: Probe, results: list[Any]) -> None:
+    """Latencies and failures of ``asyncio.gather(..., return_exceptions=True)`` into the probe."""
+    p.latencies = [r for r in results if isinstance(r, float)]
+    p.failed = len(results) - len(p.latencies)
+
+
+@contextlib.asynccontextmanager
+async def _async_probe(
+    ctx: Context,
+    limit: int,
+    ops: list[Op],
+    label: str,
+    group: str,
+    way: str,
+    scenario: str = "hand-rolled",
+    **settings: Any,
+) -> AsyncIterator[tuple[async_sessionmaker[AsyncSession], Probe]]:
+    """Fresh tables, an AsyncSession factory on a pool of ``limit``, and the open probe of one measurement."""
     ctx.reset()
     app = ctx.app_name(label)
     engine = ctx.db.async_engine(app, pool_size=limit)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": ctx.db.async_driver, "limit": limit, "pool_size": limit, "max_overflow": 0}
-    return app, engine, sessions, config
+    config = {
+        "driver": ctx.db.async_driver,
+        "limit": limit,
+        "pool_size": limit,
+        "max_overflow": 0,
+        **settings,
+    }
+    try:
+        probe = Probe(ctx, scenario, label, total=len(ops), app_name=app, group=group, config=config)
+        probe.m.extra["note"] = f"{way}, AsyncSession, {ctx.db.async_driver}"
+        async with probe as p:
+            yield sessions, p
+    finally:
+        await engine.dispose()
 
 
-def _sync_setup(
-    ctx: Context, limit: int, label: str
-) -> tuple[str, Any, sessionmaker[Session], dict[str, Any]]:
-    """Fresh tables, then the engine, sessionmaker and config of one thread measurement."""
+@contextlib.contextmanager
+def _sync_probe(
+    ctx: Context, limit: int, ops: list[Op], label: str, group: str, way: str
+) -> Iterator[tuple[sessionmaker[Session], Probe]]:
+    """Fresh tables, a Session factory on a pool of ``limit``, and one measurement's probe, not yet open."""
     ctx.reset()
     app = ctx.app_name(label)
     engine = ctx.db.sync_engine(app, pool_size=limit, driver=ctx.db.thread_driver)
     sessions = sessionmaker(engine, expire_on_commit=False)
     config = {"driver": ctx.db.thread_driver, "limit": limit, "pool_size": limit, "max_overflow": 0}
-    return app, engine, sessions, config
+    probe = Probe(ctx, "hand-rolled-threads", label, total=len(ops), app_name=app, group=group, config=config)
+    probe.m.extra["note"] = way.format(driver=ctx.db.thread_driver)
+    try:
+        yield sessions, probe
+    finally:
+        engine.dispose()
 
 
 async def measure_async(
     ctx: Context, limit: int, ops: list[Op], *, group: str = "main", label: str | None = None
 ) -> None:
     """Run ``ops`` through a task per op behind ``asyncio.Semaphore(limit)`` on fresh tables."""
-    label = label or f"hand-rolled (L={limit})"
-    app, engine, sessions, config = _async_setup(ctx, limit, label)
     gate = asyncio.Semaphore(limit)
 
-    async def one(session_factory: async_sessionmaker[AsyncSession], op: Op, p: Probe) -> float:
+    async def one(sessions: async_sessionmaker[AsyncSession], op: Op, p: Probe) -> float:
         async with gate:
-            start = time.perf_counter()
-            async with session_factory() as session:
-                await op_async(session, op)
-                await session.commit()
-            p.tick()
-            return time.perf_counter() - start
+            return await timed_op(sessions, op, p)
 
-    try:
-        probe = Probe(ctx, "hand-rolled", label, total=len(ops), app_name=app, group=group, config=config)
-        probe.m.extra["note"] = (
-            f"a task per op behind asyncio.Semaphore(L), AsyncSession, {ctx.db.async_driver}"
-        )
-        async with probe as p:
-            tasks = [asyncio.create_task(one(sessions, op, p)) for op in ops]
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            p.latencies = [r for r in results if isinstance(r, float)]
-            p.failed = len(results) - len(p.latencies)
-    finally:
-        await engine.dispose()
+    way, label = "a task per op behind asyncio.Semaphore(L)", label or f"hand-rolled (L={limit})"
+    async with _async_probe(ctx, limit, ops, label, group, way) as (sessions, p):
+        tasks = [asyncio.create_task(one(sessions, op, p)) for op in ops]
+        _settled(p, await asyncio.gather(*tasks, return_exceptions=True))
 
 
 async def measure_window(
     ctx: Context, limit: int, ops: list[Op], *, group: str = "main", label: str | None = None
 ) -> None:
     """Run ``ops`` through L worker coroutines that pull from one shared iterator (a sliding window)."""
-    label = label or f"hand-window (L={limit})"
-    app, engine, sessions, config = _async_setup(ctx, limit, label)
     latencies: list[float] = []
     failed = 0
 
-    async def worker(todo: Iterator[Op], p: Probe) -> None:
+    async def worker(sessions: async_sessionmaker[AsyncSession], todo: Iterator[Op], p: Probe) -> None:
         nonlocal failed
         for op in todo:
             start = time.perf_counter()
@@ -135,49 +161,26 @@ async def measure_window(
             p.tick()
             latencies.append(time.perf_counter() - start)
 
-    try:
-        probe = Probe(ctx, "hand-rolled", label, total=len(ops), app_name=app, group=group, config=config)
-        probe.m.extra["note"] = (
-            f"L worker coroutines pulling ops from one iterator, AsyncSession, {ctx.db.async_driver}"
-        )
-        async with probe as p:
-            todo = iter(ops)
-            await asyncio.gather(*(worker(todo, p) for _ in range(limit)))
-            p.latencies, p.failed = latencies, failed
-    finally:
-        await engine.dispose()
+    way, label = "L worker coroutines pulling ops from one iterator", label or f"hand-window (L={limit})"
+    async with _async_probe(ctx, limit, ops, label, group, way) as (sessions, p):
+        todo = iter(ops)
+        await asyncio.gather(*(worker(sessions, todo, p) for _ in range(limit)))
+        p.latencies, p.failed = latencies, failed
 
 
 async def measure_chunks(
     ctx: Context, limit: int, ops: list[Op], *, group: str = "main", label: str | None = None
 ) -> None:
     """Run ``ops`` as ``asyncio.gather`` over each consecutive chunk of ``limit`` ops."""
-    label = label or f"hand-chunks (L={limit})"
-    app, engine, sessions, config = _async_setup(ctx, limit, label)
-    config["chunk_size"] = limit
-
-    async def one(op: Op, p: Probe) -> float:
-        start = time.perf_counter()
-        async with sessions() as session:
-            await op_async(session, op)
-            await session.commit()
-        p.tick()
-        return time.perf_counter() - start
-
-    try:
-        probe = Probe(ctx, "hand-rolled", label, total=len(ops), app_name=app, group=group, config=config)
-        probe.m.extra["note"] = (
-            f"asyncio.gather over each chunk of L ops, AsyncSession, {ctx.db.async_driver}"
-        )
-        async with probe as p:
-            results: list[Any] = []
-            for i in range(0, len(ops), limit):
-                chunk = ops[i : i + limit]
-                results += await asyncio.gather(*(one(op, p) for op in chunk), return_exceptions=True)
-            p.latencies = [r for r in results if isinstance(r, float)]
-            p.failed = len(results) - len(p.latencies)
-    finally:
-        await engine.dispose()
+    way, label = "asyncio.gather over each chunk of L ops", label or f"hand-chunks (L={limit})"
+    async with _async_probe(ctx, limit, ops, label, group, way, chunk_size=limit) as (sessions, p):
+        results: list[Any] = []
+        for i in range(0, len(ops), limit):
+            chunk = ops[i : i + limit]
+            results += await asyncio.gather(
+                *(timed_op(sessions, op, p) for op in chunk), return_exceptions=True
+            )
+        _settled(p, results)
 
 
 async def measure_aiometer(
@@ -187,33 +190,18 @@ async def measure_aiometer(
     import aiometer  # the bench extra's; imported here so that a missing one fails only this side
 
     label = label or f"aiometer (L={limit})"
-    app, engine, sessions, config = _async_setup(ctx, limit, label)
-    probe = Probe(ctx, "aiometer", label, total=len(ops), app_name=app, group=group, config=config)
-    probe.m.extra["note"] = (
-        f"aiometer.run_on_each(fn, ops, max_at_once=L), AsyncSession, {ctx.db.async_driver}"
-    )
+    way = "aiometer.run_on_each(fn, ops, max_at_once=L)"
     latencies: list[float] = []
-    failed = 0
+    async with _async_probe(ctx, limit, ops, label, group, way, scenario="aiometer") as (sessions, p):
 
-    async def one(op: Op) -> None:
-        nonlocal failed
-        start = time.perf_counter()
-        try:
-            async with sessions() as session:
-                await op_async(session, op)
-                await session.commit()
-        except Exception:
-            failed += 1
-            return
-        probe.tick()
-        latencies.append(time.perf_counter() - start)
+        async def one(op: Op) -> None:
+            try:
+                latencies.append(await timed_op(sessions, op, p))
+            except Exception:
+                p.failed += 1
 
-    try:
-        async with probe as p:
-            await aiometer.run_on_each(one, ops, max_at_once=limit)
-            p.latencies, p.failed = latencies, failed
-    finally:
-        await engine.dispose()
+        await aiometer.run_on_each(one, ops, max_at_once=limit)
+        p.latencies = latencies
 
 
 def _one_sync(session_factory: sessionmaker[Session], op: Op, p: Probe) -> float:
@@ -230,18 +218,13 @@ def measure_threads(
 ) -> None:
     """Run ``ops`` through ``ThreadPoolExecutor(limit).map`` on fresh tables, no event loop."""
     label = label or f"hand-rolled-threads (L={limit})"
-    app, engine, sessions, config = _sync_setup(ctx, limit, label)
-    try:
-        probe = Probe(
-            ctx, "hand-rolled-threads", label, total=len(ops), app_name=app, group=group, config=config
-        )
-        probe.m.extra["note"] = (
-            f"ThreadPoolExecutor(L).map with a Session per op, {ctx.db.thread_driver}, no loop"
-        )
-        with probe as p, ThreadPoolExecutor(limit, thread_name_prefix="hand-rolled") as pool:
-            p.latencies = list(pool.map(_one_sync, [sessions] * len(ops), ops, [p] * len(ops)))
-    finally:
-        engine.dispose()
+    way = "ThreadPoolExecutor(L).map with a Session per op, {driver}, no loop"
+    with (
+        _sync_probe(ctx, limit, ops, label, group, way) as (sessions, probe),
+        probe as p,
+        ThreadPoolExecutor(limit, thread_name_prefix="hand-rolled") as pool,
+    ):
+        p.latencies = list(pool.map(_one_sync, [sessions] * len(ops), ops, [p] * len(ops)))
 
 
 async def measure_run_in_executor(
@@ -249,25 +232,13 @@ async def measure_run_in_executor(
 ) -> None:
     """Run ``ops`` as ``asyncio.gather`` over ``loop.run_in_executor`` on a ``ThreadPoolExecutor(limit)``."""
     label = label or f"hand-run-in-executor (L={limit})"
-    app, engine, sessions, config = _sync_setup(ctx, limit, label)
-    try:
-        probe = Probe(
-            ctx, "hand-rolled-threads", label, total=len(ops), app_name=app, group=group, config=config
-        )
-        probe.m.extra["note"] = (
-            f"asyncio.gather over loop.run_in_executor(ThreadPoolExecutor(L), ...), {ctx.db.thread_driver}"
-        )
+    way = "asyncio.gather over loop.run_in_executor(ThreadPoolExecutor(L), ...), {driver}"
+    with _sync_probe(ctx, limit, ops, label, group, way) as (sessions, probe):
         async with probe as p:
             loop = asyncio.get_running_loop()
             with ThreadPoolExecutor(limit, thread_name_prefix="hand-rolled") as pool:
-                results = await asyncio.gather(
-                    *(loop.run_in_executor(pool, _one_sync, sessions, op, p) for op in ops),
-                    return_exceptions=True,
-                )
-            p.latencies = [r for r in results if isinstance(r, float)]
-            p.failed = len(results) - len(p.latencies)
-    finally:
-        engine.dispose()
+                calls = (loop.run_in_executor(pool, _one_sync, sessions, op, p) for op in ops)
+                _settled(p, await asyncio.gather(*calls, return_exceptions=True))
 
 
 SCENARIO = throughput_row(

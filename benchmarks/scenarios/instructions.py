@@ -30,7 +30,8 @@ import subprocess
 
 from .. import workers
 from ..db.postgresql import ENV_VAR
-from ..harness import Context, Measurement
+from ..harness import Context
+from ..measurement import Measurement, error_line
 from ..scenario import Scenario
 from . import overhead
 
@@ -94,7 +95,7 @@ def run(ctx: Context) -> None:
             try:
                 small, large = count(ctx, pair.name, side.key, SMALL), count(ctx, pair.name, side.key, LARGE)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                m.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                m.error = error_line(exc)
                 ctx.log(f"{label}: FAILED: {m.error}")
             else:
                 m.extra.update(instructions_small=small, instructions_large=large)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ..harness import Context, Measurement
+from ..harness import Context
+from ..measurement import Measurement
 from ..scenario import Scenario
 from . import semaphore, threads
 

@@ -62,9 +62,10 @@ from starlette.routing import Route
 
 from boundeddb import SemaphoreRunner, ThreadOffloadRunner
 
-from ..harness import Context, Measurement, Probe
-from ..report.stats import percentile
+from ..harness import Context, Probe
+from ..measurement import Measurement
 from ..scenario import Scenario
+from ..stats import percentile
 from ..workload import async_unit, op_async, op_sync, sync_unit
 from . import _web as web
 from .mixed_priorities import BulkJob

@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from boundeddb import SemaphoreRunner
 
 from ..harness import Context, Probe
-from ..report.stats import Reservoir
 from ..scenario import Scenario
+from ..stats import Reservoir
 
 SELECT_1 = text("SELECT 1")
 

@@ -62,8 +62,8 @@ from boundeddb import SemaphoreRunner
 
 from ..db.schema import A
 from ..harness import Context, Probe
-from ..report.stats import percentile
 from ..scenario import Scenario
+from ..stats import percentile
 from ._runner import record
 
 GROUP = "mixed"

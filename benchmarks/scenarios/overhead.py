@@ -45,9 +45,11 @@ library spent less).  ``--overhead-rounds`` sets K (1 in a plain run, 5 with ``-
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import io
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
@@ -56,7 +58,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from boundeddb import SemaphoreRunner
 
-from ..harness import Context, Measurement, Probe
+from ..harness import Context, Probe
 from ..otel import instrumented
 from ..scenario import Scenario
 from ..workload import Op, async_unit
@@ -80,17 +82,26 @@ INSTRUMENTED = "instrumented"
 INSTRUMENTED_GOAL = 1.10
 THREADS_DRIVER = "psycopg"
 
-Measure = Callable[[Context, int, list[Op], str, str], None]
-
 
 @dataclass(frozen=True)
 class Side:
-    """One side of a pair: its key in the pair, the stem of its labels, what it runs."""
+    """One side of a pair: its key in the pair, the stem of its labels, what it runs, how it is measured."""
 
     key: str
     name: str
     what: str
-    measure: Measure
+    #: ``measure(ctx, limit, ops, group=..., label=..., **options)``, awaited if it is a coroutine function.
+    measure: Callable[..., Any]
+    options: dict[str, Any] = field(default_factory=dict)
+    #: Whether it runs under ``boundeddb.instrument()`` with the OpenTelemetry SDK.
+    instrumented: bool = False
+
+    def run(self, ctx: Context, ops: list[Op], group: str, label: str) -> None:
+        """One measurement of this side on ``ops``, appended to ``ctx.results``."""
+        with instrumented() if self.instrumented else contextlib.nullcontext():
+            done = self.measure(ctx, ctx.limit, ops, group=group, label=label, **self.options)
+            if inspect.iscoroutine(done):
+                asyncio.run(done)
 
 
 @dataclass(frozen=True)
@@ -109,10 +120,6 @@ class Pair:
 
     def peer_ratio_name(self, peer: Side) -> str:
         return f"{peer.name} / {self.hand.name}"
-
-
-def _semaphore(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    asyncio.run(semaphore.measure(ctx, limit, ops, group=group, label=label))
 
 
 async def _measure_semaphore(
@@ -152,125 +159,43 @@ async def _measure_semaphore(
         await engine.dispose()
 
 
-def _semaphore_verified(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    asyncio.run(_measure_semaphore(ctx, limit, ops, group, label, verify=True))
-
-
-def _semaphore_watched(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    asyncio.run(_measure_semaphore(ctx, limit, ops, group, label, watch=True))
-
-
-def _semaphore_instrumented(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    with instrumented():
-        _semaphore(ctx, limit, ops, group, label)
-
-
-def _window(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    asyncio.run(hand_rolled.measure_window(ctx, limit, ops, group=group, label=label))
-
-
-def _tutorial(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    asyncio.run(hand_rolled.measure_async(ctx, limit, ops, group=group, label=label))
-
-
-def _aiometer(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    asyncio.run(hand_rolled.measure_aiometer(ctx, limit, ops, group=group, label=label))
-
-
-def _chunked(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    asyncio.run(chunked.measure(ctx, limit, ops, group=group, label=label))
-
-
-def _chunks(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    asyncio.run(hand_rolled.measure_chunks(ctx, limit, ops, group=group, label=label))
-
-
-def _threads_sync(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    threads.measure_sync(ctx, limit, ops, driver=THREADS_DRIVER, group=group, label=label)
-
-
-def _threads_sync_instrumented(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    with instrumented():
-        _threads_sync(ctx, limit, ops, group, label)
-
-
-def _pool_map(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    hand_rolled.measure_threads(ctx, limit, ops, group=group, label=label)
-
-
-def _threads_async(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    asyncio.run(threads.measure(ctx, limit, ops, driver=THREADS_DRIVER, group=group, label=label))
-
-
-def _run_in_executor(ctx: Context, limit: int, ops: list[Op], group: str, label: str) -> None:
-    asyncio.run(hand_rolled.measure_run_in_executor(ctx, limit, ops, group=group, label=label))
-
-
-PAIRS: dict[str, Pair] = {
-    p.name: p
-    for p in (
-        Pair(
-            "semaphore",
-            "semaphore / hand-written window",
-            Side(LIBRARY, "semaphore", "SemaphoreRunner(limit=L).run", _semaphore),
-            Side(HAND_WRITTEN, "hand-written window", "L worker coroutines on one shared iterator", _window),
-            (
-                Side(
-                    "verify-commits",
-                    "semaphore verify_commits",
-                    "SemaphoreRunner(limit=L, verify_commits=True).run",
-                    _semaphore_verified,
-                ),
-                Side(
-                    "watched",
-                    "semaphore watched",
-                    "SemaphoreRunner(limit=L).run(units, on_outcome=..., progress=...)",
-                    _semaphore_watched,
-                ),
-                Side(
-                    INSTRUMENTED,
-                    "semaphore instrumented",
-                    "SemaphoreRunner(limit=L).run under boundeddb.instrument() (OpenTelemetry SDK)",
-                    _semaphore_instrumented,
-                ),
-                Side(
-                    "tutorial", "tutorial gather+Semaphore", "gather, a task per op, Semaphore(L)", _tutorial
-                ),
-                Side("aiometer", "aiometer", "aiometer.run_on_each(fn, ops, max_at_once=L)", _aiometer),
-            ),
-        ),
-        Pair(
-            "chunked",
-            "chunked / hand-written chunks",
-            Side(LIBRARY, "chunked", "ChunkedRunner(chunk_size=L).run", _chunked),
-            Side(HAND_WRITTEN, "hand-written chunks", "gather over each chunk of L ops", _chunks),
-        ),
-        Pair(
-            "threads",
-            "threads run_sync / ThreadPoolExecutor.map",
-            Side(
-                LIBRARY, "threads run_sync", "ThreadOffloadRunner(limit=L).run_sync, no loop", _threads_sync
-            ),
-            Side(HAND_WRITTEN, "ThreadPoolExecutor.map", "ThreadPoolExecutor(L).map, no loop", _pool_map),
-            (
-                Side(
-                    INSTRUMENTED,
-                    "threads run_sync instrumented",
-                    "ThreadOffloadRunner(limit=L).run_sync under boundeddb.instrument()",
-                    _threads_sync_instrumented,
-                ),
-            ),
-        ),
-        Pair(
-            "threads-async",
-            "threads run / run_in_executor",
-            Side(LIBRARY, "threads run", "await ThreadOffloadRunner(limit=L).run, asyncio", _threads_async),
-            Side(
-                HAND_WRITTEN, "run_in_executor", "gather over loop.run_in_executor, asyncio", _run_in_executor
-            ),
-        ),
-    )
-}
+# fmt: off
+PAIRS: dict[str, Pair] = {p.name: p for p in (
+    Pair("semaphore", "semaphore / hand-written window",
+        Side(LIBRARY, "semaphore", "SemaphoreRunner(limit=L).run", semaphore.measure),
+        Side(HAND_WRITTEN, "hand-written window", "L worker coroutines on one shared iterator",
+             hand_rolled.measure_window),
+        (Side("verify-commits", "semaphore verify_commits",
+              "SemaphoreRunner(limit=L, verify_commits=True).run", _measure_semaphore, {"verify": True}),
+         Side("watched", "semaphore watched",
+              "SemaphoreRunner(limit=L).run(units, on_outcome=..., progress=...)", _measure_semaphore,
+              {"watch": True}),
+         Side(INSTRUMENTED, "semaphore instrumented",
+              "SemaphoreRunner(limit=L).run under boundeddb.instrument() (OpenTelemetry SDK)",
+              semaphore.measure, instrumented=True),
+         Side("tutorial", "tutorial gather+Semaphore", "gather, a task per op, Semaphore(L)",
+              hand_rolled.measure_async),
+         Side("aiometer", "aiometer", "aiometer.run_on_each(fn, ops, max_at_once=L)",
+              hand_rolled.measure_aiometer))),
+    Pair("chunked", "chunked / hand-written chunks",
+        Side(LIBRARY, "chunked", "ChunkedRunner(chunk_size=L).run", chunked.measure),
+        Side(HAND_WRITTEN, "hand-written chunks", "gather over each chunk of L ops",
+             hand_rolled.measure_chunks)),
+    Pair("threads", "threads run_sync / ThreadPoolExecutor.map",
+        Side(LIBRARY, "threads run_sync", "ThreadOffloadRunner(limit=L).run_sync, no loop",
+             threads.measure_sync, {"driver": THREADS_DRIVER}),
+        Side(HAND_WRITTEN, "ThreadPoolExecutor.map", "ThreadPoolExecutor(L).map, no loop",
+             hand_rolled.measure_threads),
+        (Side(INSTRUMENTED, "threads run_sync instrumented",
+              "ThreadOffloadRunner(limit=L).run_sync under boundeddb.instrument()", threads.measure_sync,
+              {"driver": THREADS_DRIVER}, instrumented=True),)),
+    Pair("threads-async", "threads run / run_in_executor",
+        Side(LIBRARY, "threads run", "await ThreadOffloadRunner(limit=L).run, asyncio", threads.measure,
+             {"driver": THREADS_DRIVER}),
+        Side(HAND_WRITTEN, "run_in_executor", "gather over loop.run_in_executor, asyncio",
+             hand_rolled.measure_run_in_executor)),
+)}
+# fmt: on
 
 
 def order(pair: Pair, k: int) -> tuple[Side, ...]:
@@ -281,11 +206,9 @@ def order(pair: Pair, k: int) -> tuple[Side, ...]:
 def _measure(ctx: Context, side: Side, ops: list[Op], group: str, label: str) -> None:
     """One measurement; an error outside its probe is recorded too, and the rounds go on."""
     try:
-        side.measure(ctx, ctx.limit, ops, group, label)
+        side.run(ctx, ops, group, label)
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        ctx.results.append(Measurement(side.name, label, group=group, schema=ctx.schema, error=error))
-        ctx.log(f"{label}: FAILED: {error}")
+        ctx.failed(side.name, label, exc, group=group)
 
 
 def run(ctx: Context) -> None:

@@ -52,9 +52,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..db.schema import SCHEMA
-from ..harness import Context, Measurement
-from ..report.stats import percentile
+from ..harness import Context
+from ..measurement import Measurement
 from ..scenario import MYSQL, Scenario
+from ..stats import percentile
 from . import _post002_paths as paths
 from ._post002_paths import POOL_MIN_SIZE, Timing, sync_driver
 
@@ -66,6 +67,25 @@ DEFAULT_ROUNDS = 10
 PAUSE_S = 0.5
 TABLE = f"{SCHEMA}.post002"
 INSERT = 'insert into {table}(name,address) VALUES ("{name}","{address}")'
+
+
+@dataclass(frozen=True)
+class Sync:
+    """A sync SQLAlchemy loop: its driver (None: :func:`sync_driver`'s), the URL's query, begin/commit."""
+
+    driver: str | None = None
+    query: str = ""
+    transaction: bool = False
+
+
+@dataclass(frozen=True)
+class Aio:
+    """An aiomysql loop: the pool's autocommit and sizes, begin/commit, connections given back or kept."""
+
+    autocommit: bool
+    pool: dict[str, int]
+    transaction: bool = False
+    returned: bool = True
 
 
 @dataclass
@@ -98,159 +118,81 @@ def statements(n: int, seed: int) -> list[str]:
 
 # -- the variants -----------------------------------------------------------------------------------
 
+#: aiomysql's pools: its defaults (the post's test 1), the post's commented-out maxsize, test 2's.
+SMALL = {"minsize": 1, "maxsize": 10}
+BIG = {"minsize": 1, "maxsize": POOL_MIN_SIZE + 100}
+TX_POOL = {"minsize": POOL_MIN_SIZE, "maxsize": POOL_MIN_SIZE + 100}
+OFF, ON, TX = "autocommit off", "autocommit on", "transactions"
+CONNECT = "connect, insert, commit, close"
+ACQUIRE = "acquire, cursor, insert, close, release"
+KEPT = "without closing the cursor and releasing the connection"
+
+#: The post's variants in the order of odd rounds, each aiomysql one next to its sync rivals: key,
+#: test, how it runs, label (``{sa}``: SQLAlchemy on the sync driver) and what it does.
+# fmt: off
+POST_VARIANTS: tuple[tuple[str, str, Sync | Aio, str, str], ...] = (
+    ("sa-url-false", OFF, Sync(query="autocommit=false"), "{sa}, ?autocommit=false",
+     f"the post's URL mysql://...?autocommit=false; {CONNECT}"),
+    ("aiomysql-off", OFF, Aio(False, SMALL), "aiomysql pool, autocommit=False",
+     f"create_pool(autocommit=False), minsize 1, maxsize 10; {ACQUIRE}"),
+    ("sa-off", OFF, Sync(), "{sa}, driver autocommit off",
+     f"no autocommit in the URL (the driver's default: off); {CONNECT}"),
+    ("aiomysql-off-kept", OFF, Aio(False, BIG, returned=False),
+     "aiomysql pool, autocommit=False, not returned", f"as aiomysql-off {KEPT}; maxsize 200"),
+    ("sa-url-true", ON, Sync(query="autocommit=true"), "{sa}, ?autocommit=true",
+     f"URL mysql://...?autocommit=true; {CONNECT}"),
+    ("aiomysql-on", ON, Aio(True, SMALL), "aiomysql pool, autocommit=True",
+     f"create_pool(autocommit=True), minsize 1, maxsize 10; {ACQUIRE}"),
+    ("aiomysql-on-kept", ON, Aio(True, BIG, returned=False), "aiomysql pool, autocommit=True, not returned",
+     f"as aiomysql-on {KEPT}; maxsize 200"),
+    ("sa-tx", TX, Sync(transaction=True), "{sa}, begin/commit", "connect, begin, insert, commit, close"),
+    ("aiomysql-tx", TX, Aio(False, TX_POOL, transaction=True), "aiomysql pool (100-200), begin/commit",
+     "create_pool(minsize=100, maxsize=200, autocommit=False); acquire, begin, cursor, insert, commit, "
+     "close, release"),
+    ("sa-pymysql-tx", TX, Sync("pymysql", transaction=True), "SQLAlchemy (pymysql), begin/commit",
+     "as sa-tx on pymysql, the protocol code aiomysql was ported from"),
+    ("aiomysql-tx-small", TX, Aio(False, SMALL, transaction=True), "aiomysql pool (1-10), begin/commit",
+     "as aiomysql-tx on aiomysql's default pool, minsize 1, maxsize 10 (not in the post)"),
+    ("aiomysql-tx-kept", TX, Aio(False, BIG, transaction=True, returned=False),
+     "aiomysql pool, begin/commit, not returned", f"as aiomysql-tx {KEPT}; minsize 1, maxsize 200"),
+)
+# fmt: on
+
+
+def _post_variant(key: str, test: str, how: Sync | Aio, label: str, what: str, sync: str) -> Variant:
+    label = label.format(sa=f"SQLAlchemy ({sync})")
+    if isinstance(how, Sync):
+        driver = how.driver or sync
+        measure = paths.sa_test(driver, query=how.query, transaction=how.transaction)
+        return Variant(
+            key, test, label, driver, what, measure, config={"url_query": how.query} if how.query else {}
+        )
+    measure = paths.aiomysql_test(
+        transaction=how.transaction, returned=how.returned, autocommit=how.autocommit, **how.pool
+    )
+    needs = how.pool["minsize"] if how.returned else LOOP
+    return Variant(
+        key, test, label, "aiomysql", what, measure, needs, {"autocommit": how.autocommit, **how.pool}
+    )
+
 
 def variants(limit: int) -> list[Variant]:
-    """Every variant, in the order of odd rounds: each aiomysql variant next to its sync rivals."""
+    """Every variant, in the order of odd rounds: the post's, then boundeddb's at limit 1 and L."""
     sync = sync_driver()
-    sa = f"SQLAlchemy ({sync})"
-    small = {"minsize": 1, "maxsize": 10}  # aiomysql's defaults, as in the post's test 1
-    big = {"minsize": 1, "maxsize": POOL_MIN_SIZE + 100}  # the post's commented-out maxsize
-    tx_pool = {"minsize": POOL_MIN_SIZE, "maxsize": POOL_MIN_SIZE + 100}  # the post's test 2
-    connect = "connect, insert, commit, close"
-    aio = "acquire, cursor, insert, close, release"
-    return [
-        # Test 1, autocommit off.
-        Variant(
-            key="sa-url-false",
-            test="autocommit off",
-            label=f"{sa}, ?autocommit=false",
-            driver=sync,
-            what=f"the post's URL mysql://...?autocommit=false; {connect}",
-            measure=paths.sa_autocommit_test(sync, query="autocommit=false"),
-            config={"url_query": "autocommit=false"},
-        ),
-        Variant(
-            key="aiomysql-off",
-            test="autocommit off",
-            label="aiomysql pool, autocommit=False",
-            driver="aiomysql",
-            what=f"create_pool(autocommit=False), minsize 1, maxsize 10; {aio}",
-            measure=paths.aiomysql_test(transaction=False, returned=True, autocommit=False),
-            config={"autocommit": False, **small},
-        ),
-        Variant(
-            key="sa-off",
-            test="autocommit off",
-            label=f"{sa}, driver autocommit off",
-            driver=sync,
-            what=f"no autocommit in the URL (the driver's default: off); {connect}",
-            measure=paths.sa_autocommit_test(sync),
-        ),
-        Variant(
-            key="aiomysql-off-kept",
-            test="autocommit off",
-            label="aiomysql pool, autocommit=False, not returned",
-            driver="aiomysql",
-            what="as aiomysql-off without closing the cursor and releasing the connection; maxsize 200",
-            measure=paths.aiomysql_test(transaction=False, returned=False, autocommit=False, **big),
-            needs=LOOP,
-            config={"autocommit": False, **big},
-        ),
-        # Test 1, autocommit on.
-        Variant(
-            key="sa-url-true",
-            test="autocommit on",
-            label=f"{sa}, ?autocommit=true",
-            driver=sync,
-            what=f"URL mysql://...?autocommit=true; {connect}",
-            measure=paths.sa_autocommit_test(sync, query="autocommit=true"),
-            config={"url_query": "autocommit=true"},
-        ),
-        Variant(
-            key="aiomysql-on",
-            test="autocommit on",
-            label="aiomysql pool, autocommit=True",
-            driver="aiomysql",
-            what=f"create_pool(autocommit=True), minsize 1, maxsize 10; {aio}",
-            measure=paths.aiomysql_test(transaction=False, returned=True, autocommit=True),
-            config={"autocommit": True, **small},
-        ),
-        Variant(
-            key="aiomysql-on-kept",
-            test="autocommit on",
-            label="aiomysql pool, autocommit=True, not returned",
-            driver="aiomysql",
-            what="as aiomysql-on without closing the cursor and releasing the connection; maxsize 200",
-            measure=paths.aiomysql_test(transaction=False, returned=False, autocommit=True, **big),
-            needs=LOOP,
-            config={"autocommit": True, **big},
-        ),
-        # Test 2, transactions.
-        Variant(
-            key="sa-tx",
-            test="transactions",
-            label=f"{sa}, begin/commit",
-            driver=sync,
-            what="connect, begin, insert, commit, close",
-            measure=paths.sa_transaction_test(sync),
-        ),
-        Variant(
-            key="aiomysql-tx",
-            test="transactions",
-            label="aiomysql pool (100-200), begin/commit",
-            driver="aiomysql",
-            what="create_pool(minsize=100, maxsize=200, autocommit=False); acquire, begin, cursor, insert, "
-            "commit, close, release",
-            measure=paths.aiomysql_test(transaction=True, returned=True, autocommit=False, **tx_pool),
-            needs=POOL_MIN_SIZE,
-            config={"autocommit": False, **tx_pool},
-        ),
-        Variant(
-            key="sa-pymysql-tx",
-            test="transactions",
-            label="SQLAlchemy (pymysql), begin/commit",
-            driver="pymysql",
-            what="as sa-tx on pymysql, the protocol code aiomysql was ported from",
-            measure=paths.sa_transaction_test("pymysql"),
-        ),
-        Variant(
-            key="aiomysql-tx-small",
-            test="transactions",
-            label="aiomysql pool (1-10), begin/commit",
-            driver="aiomysql",
-            what="as aiomysql-tx on aiomysql's default pool, minsize 1, maxsize 10 (not in the post)",
-            measure=paths.aiomysql_test(transaction=True, returned=True, autocommit=False),
-            config={"autocommit": False, **small},
-        ),
-        Variant(
-            key="aiomysql-tx-kept",
-            test="transactions",
-            label="aiomysql pool, begin/commit, not returned",
-            driver="aiomysql",
-            what="as aiomysql-tx without closing the cursor and releasing the connection; minsize 1, "
-            "maxsize 200",
-            measure=paths.aiomysql_test(transaction=True, returned=False, autocommit=False, **big),
-            needs=LOOP,
-            config={"autocommit": False, **big},
-        ),
-        # boundeddb on the same inserts, one unit (and one transaction) each.
-        *(
+    out = [_post_variant(*row, sync) for row in POST_VARIANTS]
+    unit = "one unit per insert, committed by the runner"
+    for k in (1, limit):
+        what = f"{unit}; AsyncSession on aiomysql, pool_size={k}"
+        out.append(Variant(f"semaphore-{k}", "boundeddb", f"SemaphoreRunner (L={k})", "aiomysql", what,
+                           paths.semaphore_test(k), k, {"limit": k}))  # fmt: skip
+    for k in (1, limit):
+        what, label = f"{unit}; Session on {sync}, pool_size={k}", f"ThreadOffloadRunner.run_sync (L={k})"
+        out.append(
             Variant(
-                key=f"semaphore-{k}",
-                test="boundeddb",
-                label=f"SemaphoreRunner (L={k})",
-                driver="aiomysql",
-                what=f"one unit per insert, committed by the runner; AsyncSession on aiomysql, pool_size={k}",
-                measure=paths.semaphore_test(k),
-                needs=k,
-                config={"limit": k},
+                f"threads-{k}", "boundeddb", label, sync, what, paths.threads_test(sync, k), k, {"limit": k}
             )
-            for k in (1, limit)
-        ),
-        *(
-            Variant(
-                key=f"threads-{k}",
-                test="boundeddb",
-                label=f"ThreadOffloadRunner.run_sync (L={k})",
-                driver=sync,
-                what=f"one unit per insert, committed by the runner; Session on {sync}, pool_size={k}",
-                measure=paths.threads_test(sync, k),
-                needs=k,
-                config={"limit": k},
-            )
-            for k in (1, limit)
-        ),
-    ]
+        )
+    return out
 
 
 #: The post's claims, each a comparison of an aiomysql variant with a sync one (time ratio aiomysql / sync).

@@ -43,7 +43,8 @@ from starlette.routing import Route
 from boundeddb import ThreadOffloadRunner
 
 from ..db.schema import SCHEMA
-from ..harness import Context, Measurement
+from ..harness import Context
+from ..measurement import Measurement
 from ..scenario import Scenario
 from . import _web as web
 

@@ -57,7 +57,7 @@ from sqlalchemy.orm import sessionmaker
 from boundeddb import ProcessRunner, RunReport, SemaphoreRunner, ThreadOffloadRunner
 
 from ..db.proc import children_cpu_s, proc_cpu_s
-from ..harness import Context, Measurement, Probe
+from ..harness import Context, Probe
 from ..scenario import Scenario
 from ..workers.processes import Started, hand_written_share, summary, timed_async, timed_sync
 from ..workload import Op
@@ -274,10 +274,7 @@ def measure(bench: Bench, side: Side, ops: list[Op], label: str, extra: dict[str
         ctx.reset()
         asyncio.run(_timed(bench, side, ops, label, ctx.app_name(label), config))
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        ctx.results.append(Measurement("processes", label, group=GROUP, schema=ctx.schema, error=error))
-        ctx.results[-1].config.update(config)
-        ctx.log(f"{label}: FAILED: {error}")
+        ctx.failed("processes", label, exc, group=GROUP, **config)
 
 
 @contextlib.contextmanager

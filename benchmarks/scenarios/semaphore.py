@@ -20,7 +20,7 @@ from boundeddb import SemaphoreRunner
 from ..harness import Context, Probe
 from ..scenario import MYSQL, POSTGRESQL, throughput_row
 from ..workload import Op, async_unit
-from ._runner import record
+from ._runner import pool_config, record
 
 
 def run(ctx: Context) -> None:
@@ -55,16 +55,13 @@ async def probed_runner(
     (``progress=p.runner_progress()``), not the probe.
     """
     app = ctx.app_name(label)
-    pool_size = capacity or int(limit)
     driver = driver or ctx.db.async_driver
     bar = not runner_bar
-    lifo = limit == "auto"  # as the auto-limit how-to recommends (a fixed limit uses its whole pool)
-    engine = ctx.db.async_engine(app, pool_size=pool_size, driver=driver, pool_use_lifo=lifo)
+    config = {**pool_config(limit, capacity, driver), **(extra or {})}
+    engine = ctx.db.async_engine(
+        app, pool_size=config["pool_size"], driver=driver, pool_use_lifo=config["pool_use_lifo"]
+    )
     sessions = async_sessionmaker(engine, expire_on_commit=False)
-    config = {
-        "driver": driver, "limit": limit, "pool_size": pool_size, "max_overflow": 0, "pool_use_lifo": lifo,
-        **(extra or {}),
-    }  # fmt: skip
     try:
         async with (
             SemaphoreRunner(sessions, limit=limit, errors="collect") as runner,

@@ -22,7 +22,7 @@ from boundeddb import ThreadOffloadRunner
 from ..harness import Context, Probe
 from ..scenario import MYSQL, POSTGRESQL, throughput_row
 from ..workload import Op, sync_unit
-from ._runner import record
+from ._runner import pool_config, record
 
 
 def run(ctx: Context) -> None:
@@ -57,13 +57,11 @@ def _setup(
     scenario = "threads" if driver == ctx.db.thread_driver else f"threads-{driver}"
     label = label or f"{scenario}{default} (L={limit})"
     app = ctx.app_name(label)
-    pool_size = capacity or int(limit)
-    lifo = limit == "auto"  # as the auto-limit how-to recommends (a fixed limit uses its whole pool)
-    engine = ctx.db.sync_engine(app, pool_size=pool_size, driver=driver, pool_use_lifo=lifo)
+    config = pool_config(limit, capacity, driver)
+    engine = ctx.db.sync_engine(
+        app, pool_size=config["pool_size"], driver=driver, pool_use_lifo=config["pool_use_lifo"]
+    )
     sessions = sessionmaker(engine, expire_on_commit=False)
-    config = {
-        "driver": driver, "limit": limit, "pool_size": pool_size, "max_overflow": 0, "pool_use_lifo": lifo,
-    }  # fmt: skip
     return scenario, label, app, engine, sessions, config
 
 

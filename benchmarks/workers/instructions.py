@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
         index=args.index,
         sampling=False,
     )
-    side.measure(ctx, ctx.limit, ctx.ops, GROUP, f"{side.name} instructions")
+    side.run(ctx, ctx.ops, GROUP, f"{side.name} instructions")
     failed = [m for m in ctx.results if m.error or m.failed]
     return 1 if failed else 0
 

@@ -87,7 +87,7 @@ class System:
         return self.limiter.target
 
     def run(self, steps: int) -> list[int]:
-        """The limit after each of ``steps`` batches."""
+        """The limit after each of ``steps`` rounds of units."""
         limits = []
         for _ in range(steps):
             limits.append(self.step())
@@ -227,8 +227,8 @@ def test_beside_busy_processes_the_limit_rises_only_as_far_as_more_units_win_mor
     """
     Server-bound units on 2 cores: alone, the knee is at 2; beside busy processes more units in flight
     really do get more of the cores (what tests/test_auto_limit.py's real-server test met on a busy
-    machine, where it ended at 16 of a pool of 24, and benchmarks/client_load.py measures), so the
-    limit goes higher, and every rise of the limit it holds is a gain of more than GAIN: no drift.
+    machine, where it ended at 16 of a pool of 24), so the limit goes higher, and every rise of the
+    limit it holds is a gain of more than GAIN: no drift.
     """
     curve = shared_cores(2, others)
     system = System(curve, initial=4, high=24)

@@ -74,8 +74,8 @@ async def test_units_that_make_the_server_work_move_the_limit_within_the_pool_an
     Units that keep a server core busy: the limit moves (the climb's first window doubles it) and
     neither it nor the connections ever pass the pool. Where it ends is the machine's business: on
     2 quiet cores more than a few only queue, but beside busy processes more units in flight win
-    more of the cores (limit 16 of 24 in one run on a loaded machine; benchmarks/client_load.py
-    measures it), so that part is tested on throughput models in test_core_adaptive.py
+    more of the cores (limit 16 of 24 in one run on a loaded machine), so that part is tested on
+    throughput models in test_core_adaptive.py
     (test_beside_busy_processes_the_limit_rises_only_as_far_as_more_units_win_more_of_the_cores).
     """
     runner = kit.runner(limit="auto", pool_size=CAPACITY * 2, errors="collect")

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from benchmarks.db.pgbouncer import PgBouncer, pgbouncer_binary
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from boundeddb import pgbouncer_engine_options
 from boundeddb.testing import PostgresServer
 from tests.support.faults import wait_until
-from tests.support.pgbouncer import PgBouncer, pgbouncer_binary
 from tests.support.probes import ActivitySampler, terminate_backends
 
 pytestmark = [

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from benchmarks.db.pgbouncer import free_port
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from boundeddb.testing import PostgresServer
 from tests.support.kits import eventually
 from tests.support.pages import ROOT, python_blocks, with_test_server
-from tests.support.pgbouncer import free_port
 from tests.support.probes import ActivitySampler, backends, terminate_backends
 
 pytest.importorskip("uvloop", reason="uvloop is part of the test extra")

@@ -1,8 +1,8 @@
 """
 The suite's statistics helpers, in one place: percentiles, medians, geometric means, sampling.
 
-Measuring code (the probe, the scenarios) and the report sections both use them; nothing here
-imports the rest of the suite.
+Measuring code (the probe, the scenarios) and the report sections both use them; of the rest of
+the suite, only the :class:`~benchmarks.measurement.Measurement` type.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..harness import Measurement
+    from .measurement import Measurement
 
 #: Student's t at 97.5% for 1 to 30 degrees of freedom (a 95% interval); 1.96 beyond.
 T_975 = (

@@ -1,11 +1,12 @@
 """
-A real PgBouncer in transaction mode on a free port, in front of the suite's PostgreSQL.
+A real PgBouncer in transaction mode on a free port, in front of a PostgreSQL server.
 
-Debian's ``pgbouncer`` package (1.18 on Debian 12) is what ``.ci/run`` installs; the suite installs
-nothing itself: :func:`pgbouncer_binary` returns None where it is absent, and the tests that need
-it are skipped with one reason.  PgBouncer refuses to run as root, so as root it is started with
-``-u`` as the ``postgres`` user (or ``nobody``), and its directory and the embedded server's
-socket directory are made reachable for that user.
+The fleet scenario and the tests through PgBouncer (``tests/stacks/test_pgbouncer.py``) both start
+it from here.  Debian's ``pgbouncer`` package (1.18 on Debian 12) is what ``.ci/run`` installs;
+neither installs anything itself: :func:`pgbouncer_binary` returns None where it is absent, the
+scenario then records an error row and the tests are skipped with one reason.  PgBouncer refuses
+to run as root, so as root it is started with ``-u`` as the ``postgres`` user (or ``nobody``), and
+its directory and the embedded server's socket directory are made reachable for that user.
 """
 
 from __future__ import annotations
