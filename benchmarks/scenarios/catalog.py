@@ -37,6 +37,7 @@ ALL: tuple[Scenario, ...] = (
     async_unbounded.SCENARIO,
     chunked.SCENARIO,
     semaphore.SCENARIO,
+    semaphore.BATCH50,
     semaphore.ASYNCMY,
     threads.SCENARIO,
     threads.PSYCOPG2,

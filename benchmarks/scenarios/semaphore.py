@@ -4,6 +4,8 @@
 The post's chunks of 40 leave connections idle while a chunk waits for its slowest unit; a
 sliding window starts the next unit as soon as any finishes, so L connections stay busy.  On
 asyncpg; with ``--database mysql`` on aiomysql (``semaphore``) and on asyncmy (``semaphore-asyncmy``).
+``semaphore-batch50`` is the same runner with ``batch=50``: up to 50 of the post's operations in one
+transaction (the ``batching`` scenario studies sizes and failures).
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ def run(ctx: Context) -> None:
     asyncio.run(measure(ctx, ctx.limit, ctx.ops))
 
 
+def run_batch50(ctx: Context) -> None:
+    """The same with ``batch=50``."""
+    label = f"semaphore batch=50 (L={ctx.limit})"
+    asyncio.run(measure(ctx, ctx.limit, ctx.ops, label=label, scenario="semaphore-batch50", batch=50))
+
+
 def run_asyncmy(ctx: Context) -> None:
     """The same on asyncmy (MySQL/MariaDB only)."""
     label = f"semaphore-asyncmy (L={ctx.limit})"
@@ -46,6 +54,7 @@ async def probed_runner(
     driver: str | None = None,
     scenario: str = "semaphore",
     runner_bar: bool = False,
+    batch: int | None = None,
 ) -> AsyncIterator[tuple[SemaphoreRunner, Probe]]:
     """
     A SemaphoreRunner of ``limit`` on a pool of ``capacity`` connections (default: the limit;
@@ -64,7 +73,7 @@ async def probed_runner(
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     try:
         async with (
-            SemaphoreRunner(sessions, limit=limit, errors="collect") as runner,
+            SemaphoreRunner(sessions, limit=limit, errors="collect", batch=batch) as runner,
             Probe(ctx, scenario, label, total=total, app_name=app, group=group, config=config, bar=bar) as p,
         ):
             yield runner, p
@@ -83,13 +92,14 @@ async def measure(
     extra: dict[str, Any] | None = None,
     driver: str | None = None,
     scenario: str = "semaphore",
+    batch: int | None = None,
 ) -> None:
     """Run ``ops`` through a SemaphoreRunner of ``limit`` on fresh tables (see :func:`probed_runner`)."""
     ctx.reset()
     label = label or f"semaphore (L={limit})"
     cm = probed_runner(
         ctx, limit, label, total=len(ops), group=group, capacity=capacity, extra=extra, driver=driver,
-        scenario=scenario, runner_bar=True,
+        scenario=scenario, runner_bar=True, batch=batch,
     )  # fmt: skip
     async with cm as (runner, p):
         units = [async_unit(op) for op in ops]
@@ -102,6 +112,9 @@ SCENARIO = throughput_row(
     "SemaphoreRunner(limit=L) (asyncpg; aiomysql on MySQL)",
     seconds=25,
     databases=(POSTGRESQL, MYSQL),
+)
+BATCH50 = throughput_row(
+    "semaphore-batch50", run_batch50, "SemaphoreRunner(limit=L, batch=50) (asyncpg)", seconds=12
 )
 ASYNCMY = throughput_row(
     "semaphore-asyncmy", run_asyncmy, "SemaphoreRunner(limit=L) on asyncmy", seconds=20, databases=(MYSQL,)
