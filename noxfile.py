@@ -49,6 +49,10 @@ NO_SERVER_TESTS = [
 ]
 #: .ci/run's slice through PgBouncer in front of the embedded server.
 PGBOUNCER_TESTS = ["tests/stacks/test_pgbouncer.py"]
+#: What `nox -s soak` repeats: the cancellation and fault tests, on PostgreSQL and MariaDB
+#: (tests/faults/test_cancel_leaves_no_transaction.py among them). Never in CI: one round of the
+#: quick ones takes about 2 minutes here, so 30 rounds take an hour.
+SOAK_TESTS = ["tests/runners/test_cancellation.py", "tests/faults"]
 
 #: What the sdist must hold (as a prefix of each member's path within its top folder), and what it
 #: must not; the wheel must hold the package, py.typed and LICENSE.
@@ -199,6 +203,19 @@ def docs(session: nox.Session) -> None:
     """Build the Sphinx docs with warnings as errors and nitpicky references."""
     session.install("-e", ".[docs]")
     session.run("sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html")
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """
+    Run SOAK_TESTS, but the slow ones, BOUNDEDDB_SOAK times each (30 by default; tests/conftest.py
+    repeats them), to catch what goes wrong once in many runs; `-- <pytest arguments>` chooses
+    other tests or markers (`-- tests/faults -m slow`). Not in CI, nor among the default sessions.
+    """
+    session.install("-e", ".[test]")
+    _install_mysqlclient(session)
+    tests = session.posargs or [*SOAK_TESTS, "-m", "not slow"]
+    session.run("pytest", *tests, env={"BOUNDEDDB_SOAK": os.environ.get("BOUNDEDDB_SOAK", "30")})
 
 
 @nox.session

@@ -1,6 +1,7 @@
 """
 Fixtures: a real PostgreSQL (a schema per test run), a MariaDB/MySQL (a database per test), SQLite
-files, engines, samplers, the contract kit. Helpers that are not fixtures live in ``tests/support/``.
+files, engines, samplers, the contract kit; and the soak (``BOUNDEDDB_SOAK=N`` runs every collected
+test N times). Helpers that are not fixtures live in ``tests/support/``.
 """
 
 from __future__ import annotations
@@ -140,6 +141,36 @@ def reap_backends(db: Database) -> Iterator[None]:
 def sampler(db: Database) -> PeakSampler:
     """Samples this test's open connections on the server of its kind (pg_stat_activity, processlist)."""
     return db.sampler()
+
+
+# -- the soak: BOUNDEDDB_SOAK=N runs each collected test N times (nox -s soak) ---------------------------
+
+
+def _soak_rounds() -> int:
+    value = os.environ.get("BOUNDEDDB_SOAK", "").strip()
+    if not value:
+        return 1
+    if not value.isdigit() or int(value) < 1:
+        msg = f"BOUNDEDDB_SOAK={value!r}: give a number of rounds, e.g. BOUNDEDDB_SOAK=30"
+        raise pytest.UsageError(msg)
+    return int(value)
+
+
+@pytest.fixture
+def soak_round(request: pytest.FixtureRequest) -> int:
+    """The round of this run of the test in a soak: 1 to ``BOUNDEDDB_SOAK``."""
+    return int(request.param)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """With ``BOUNDEDDB_SOAK=N`` (N > 1), each test runs N times, as ``test[...-soak3of30]``."""
+    rounds = _soak_rounds()
+    if rounds > 1:
+        metafunc.fixturenames.append("soak_round")
+        metafunc.parametrize(
+            "soak_round", range(1, rounds + 1), indirect=True, ids=lambda r: f"soak{r}of{rounds}"
+        )
 
 
 # -- MariaDB / MySQL: a database per test ---------------------------------------------------------------

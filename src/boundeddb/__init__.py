@@ -2,13 +2,13 @@
 boundeddb: push many SQLAlchemy units of work through a connection pool without exhausting it.
 
 Three runners share one contract — a new session and transaction per unit, commit on success,
-rollback on failure, at most ``limit`` units (so connections) in flight:
+rollback on failure, at most ``limit`` units and so at most ``limit`` connections in flight:
 
 - :class:`SemaphoreRunner` — async units in a sliding window.
 - :class:`ChunkedRunner` — async units in fixed chunks with a barrier between them.
 - :class:`ThreadOffloadRunner` — sync units in a bounded thread pool, from asyncio, trio or sync code.
 
-:class:`ProcessRunner` spreads ``fn(session, item)`` over worker processes (or a Dask cluster)
+:class:`ProcessRunner` spreads ``fn(session, item)`` over worker processes or a Dask cluster
 under one connection budget, each worker running one of the first and third.
 """
 
@@ -73,7 +73,7 @@ __all__ = [
     "uninstrument",
 ]
 
-# Public paths in reprs, tracebacks, pickles and Sphinx (as trio and httpx do).
+# Public paths in reprs, tracebacks, pickles and Sphinx, as trio and httpx do.
 for _name in __all__:
     _obj = globals()[_name]
     if hasattr(_obj, "__module__") and not isinstance(_obj, str):

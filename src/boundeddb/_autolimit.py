@@ -21,23 +21,23 @@ def check_positive_int(name: str, value: object, *, hint: str) -> int:
 @dataclasses.dataclass(frozen=True, slots=True)
 class AutoLimit:
     """
-    A concurrency limit that the runner moves by itself while it works; ``limit="auto"`` is
-    ``AutoLimit()``.
+    A concurrency limit that the runner moves by itself while it works.
 
+    ``limit="auto"`` is ``AutoLimit()``.
     The runner looks for the fewest units in flight that give about the most throughput, measured
     by Little's law from the units' latencies. It climbs first, doubling the limit while doubling
-    pays, then holds the best limit it found and looks a quarter above and below it now and then;
-    a sign of overload, such as a timeout or a deadlock, cuts the limit by a quarter at once.
-    :doc:`/how-to/auto-limit` says what it does on real workloads and how to tune it;
+    pays, then holds the best limit it found and looks a quarter above and below it now and then.
+    A sign of overload, such as a timeout or a deadlock, cuts the limit by a quarter at once.
+    :doc:`/how-to/auto-limit` says what it does on real workloads and how to tune it, and
     :doc:`/explanation/auto-limit-controller` says how it decides.
 
-    The limit stays within ``[min_limit, max_limit]``, and never above the pool's capacity; units in
+    The limit stays within ``[min_limit, max_limit]``, and never above the pool's capacity. Units in
     flight never exceed the current limit, also while it moves.
 
     Args:
         min_limit: The lowest the limit goes, at least 1.
         max_limit: The highest it goes. Defaults to the pool's capacity, ``pool_size +
-            max_overflow``; above it is a :class:`ValueError`. Required for pools without a fixed
+            max_overflow``, and above it is a :class:`ValueError`. Required for pools without a fixed
             capacity, such as :class:`~sqlalchemy.pool.NullPool`.
         initial: Where it starts. Defaults to 4, within ``[min_limit, max_limit]``.
 

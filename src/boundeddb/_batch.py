@@ -17,7 +17,7 @@ class BatchPolicy:
     others' writes with it: the batch is rolled back, the other units run again without it, and the
     failing unit runs alone, as it would without batches.
     A failure that names no unit, a duplicate key found when the batch's rows are flushed, say, is
-    looked for in one more pass that flushes each unit's changes as it returns; what that cannot
+    looked for in one more pass that flushes each unit's changes as it returns. What that cannot
     name, a deferred constraint, is bisected until the culprit stands alone.
     So a unit may be *executed* more than once, but it commits at most once.
     :doc:`/how-to/batches` says when batches pay and how to choose ``size`` and ``linger``.
@@ -26,13 +26,13 @@ class BatchPolicy:
         size: The most units in one transaction. ``1`` is one transaction per unit.
         linger: Seconds a batch that is not full waits for more units before it starts.
             It matters for many concurrent :meth:`~boundeddb.SemaphoreRunner.submit` calls and for
-            slow async iterators; a full batch starts at once, and ``0`` never waits.
+            slow async iterators. A full batch starts at once, and ``0`` never waits.
             A ``submit()`` with ``priority > 0`` is never held by it.
 
     Concurrent :meth:`~boundeddb.SemaphoreRunner.submit` calls share batches: each returns its own
-    unit's value, or raises its own exception, once its batch committed. A ``submit()`` cancelled
-    before its batch began withdraws its unit; one cancelled later returns at once, and its unit
-    commits or fails with the batch it is in, as the other callers' units do.
+    unit's value, or raises its own exception, once its batch committed. A ``submit()`` that is
+    cancelled withdraws its unit, which never commits: the batch it is in, if it began, stops before
+    its next unit or its COMMIT and runs the other units again without it.
 
     .. versionadded:: 0.3.0
     """
@@ -64,7 +64,7 @@ class BatchPolicy:
 
 
 def check_batch(batch: object) -> BatchPolicy | None:
-    """``batch`` as a policy, or ``None`` for one transaction per unit; else an error naming the fix."""
+    """``batch`` as a policy, or ``None`` for one transaction per unit, or else an error naming the fix."""
     if batch is None:
         return None
     if isinstance(batch, BatchPolicy):

@@ -55,13 +55,13 @@ class BoundedDBError(Exception):
 
 class RunFailed(ExceptionGroup[Exception], BoundedDBError):
     """
-    One or more units of a run failed and the runner was asked to raise (``errors="raise"``).
+    One or more units of a run failed and the runner was asked to raise, with ``errors="raise"``.
 
     It is an :class:`ExceptionGroup` of each failed unit's own exception, in input order,
     so ``except* IntegrityError:`` catches the units that hit a constraint.
-    :attr:`RunFailed.report` is the partial :class:`~boundeddb.RunReport`:
-    every unit in it either committed or failed (rolled back);
-    units after the last index in it were never started.
+    :attr:`RunFailed.report` is the partial :class:`~boundeddb.RunReport`.
+    Every unit in it either committed or failed and was rolled back.
+    Units after the last index in it were never started.
 
     .. versionadded:: 0.1.0
     """
@@ -94,9 +94,9 @@ class UnitTimeout(BoundedDBError, TimeoutError):
     A unit attempt ran longer than the runner's ``timeout``.
 
     Its transaction was rolled back.
-    On the async runners the unit was cancelled; :class:`~boundeddb.ThreadOffloadRunner`
-    cannot kill a thread, so on PostgreSQL the server stopped the statement
-    (``statement_timeout``), and elsewhere the unit ran to its end and was rolled back.
+    On the async runners the unit was cancelled. :class:`~boundeddb.ThreadOffloadRunner`
+    cannot kill a thread, so on PostgreSQL the server stopped the statement at its
+    ``statement_timeout``, and elsewhere the unit ran to its end and was rolled back.
     The server's error, if there was one, is the ``__cause__``.
 
     .. versionadded:: 0.1.0
@@ -115,14 +115,15 @@ class UnitMisuseError(BoundedDBError, TypeError):
     """
     A unit broke the unit contract: the error names the unit and the fix.
 
-    A unit breaks it when it is not callable, is of the wrong kind for the runner (``async def`` for
-    :class:`~boundeddb.ThreadOffloadRunner`, a plain function for an async runner), or ends the
-    runner's transaction itself (``session.commit()``, ``rollback()`` or ``close()`` inside the
-    unit): the runner owns the transaction, and cannot promise "all or nothing" for a unit that
+    A unit breaks it when it is not callable, when it is of the wrong kind for the runner, or when it
+    ends the runner's transaction itself. The wrong kind is an ``async def`` for
+    :class:`~boundeddb.ThreadOffloadRunner`, or a plain function for an async runner. Ending the
+    transaction is calling ``session.commit()``, ``rollback()`` or ``close()`` inside the unit:
+    the runner owns the transaction, and cannot promise "all or nothing" for a unit that
     commits part of its work on its own.
 
     With ``errors="raise"`` the run stops and this error is raised once the units in flight
-    finish; with ``errors="collect"`` it is the unit's :attr:`Outcome.error <boundeddb.Outcome.error>`
+    finish. With ``errors="collect"`` it is the unit's :attr:`Outcome.error <boundeddb.Outcome.error>`
     and the other units run. A list of units is checked before any database work, and a bad one
     is raised at once whatever ``errors`` says.
 
@@ -145,8 +146,8 @@ class RunnerBusyElsewhereError(BoundedDBError, RuntimeError):
     A runner with units in flight on one event loop was used from another event loop.
 
     A runner's limit is enforced by primitives of one event loop at a time.
-    Create one runner per event loop (or per thread calling
-    :meth:`~boundeddb.ThreadOffloadRunner.run_sync`), sharing the engine if you like.
+    Create one runner per event loop, or per thread calling
+    :meth:`~boundeddb.ThreadOffloadRunner.run_sync`, sharing the engine if you like.
 
     .. versionadded:: 0.1.0
     """
@@ -156,9 +157,9 @@ class WorkerLostError(BoundedDBError, RuntimeError):
     """
     The worker process running a unit of a :class:`~boundeddb.ProcessRunner` died.
 
-    The unit's transaction died with the process's connection, unless its COMMIT had been sent:
-    then :attr:`Outcome.commit_unknown <boundeddb.Outcome.commit_unknown>` is set (or, with
-    ``verify_commits=True``, the runner asked the server and the outcome says what it answered).
+    The unit's transaction died with the process's connection, unless its COMMIT had been sent.
+    Then :attr:`Outcome.commit_unknown <boundeddb.Outcome.commit_unknown>` is set, or, with
+    ``verify_commits=True``, the runner asked the server and the outcome says what it answered.
     Units the worker had been handed but not started ran on another worker instead.
 
     .. versionadded:: 0.2.0
@@ -169,9 +170,9 @@ class WorkerStartError(BoundedDBError, RuntimeError):
     """
     A :class:`~boundeddb.ProcessRunner` could not start its worker processes.
 
-    Raised by a call when a worker exits before it is ready, again and again; the ``__cause__``
-    or the message says why (often a main module without an ``if __name__ == "__main__":`` guard,
-    or a package the workers cannot import).
+    Raised by a call when a worker exits before it is ready, again and again. The ``__cause__``
+    or the message says why. Often it is a main module without an ``if __name__ == "__main__":``
+    guard, or a package the workers cannot import.
 
     .. versionadded:: 0.2.0
     """
@@ -179,11 +180,11 @@ class WorkerStartError(BoundedDBError, RuntimeError):
 
 class UnpicklableError(BoundedDBError, TypeError):
     """
-    A unit's item, value or exception could not cross the process boundary of a
-    :class:`~boundeddb.ProcessRunner` (:mod:`pickle`).
+    A unit's item, value or exception could not be pickled to cross the process boundary of a
+    :class:`~boundeddb.ProcessRunner`.
 
-    An item that cannot be pickled is never started; a value that cannot be pickled fails the unit
-    before its COMMIT, so it is rolled back; an exception that cannot be pickled is replaced by
+    An item that cannot be pickled is never started. A value that cannot be pickled fails the unit
+    before its COMMIT, so it is rolled back. An exception that cannot be pickled is replaced by
     this error, whose message names the original's type and text.
 
     .. versionadded:: 0.2.0

@@ -1,4 +1,8 @@
-"""What became of one unit, :class:`Outcome`, and of a run, :class:`RunReport`."""
+"""
+The results a runner hands back: what became of each unit, and of a whole run.
+
+An :class:`Outcome` is one unit's, and a :class:`RunReport` a run's.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ class Outcome(Generic[T]):
     latency_s: float
     #: Seconds the unit waited for a free slot before it started, summed over its attempts.
     wait_s: float
-    #: How many attempts it took; more than 1 only with a retry policy.
+    #: How many attempts it took. More than 1 only with a retry policy.
     attempts: int = 1
     #: ``True`` if the unit failed *while the runner was committing it* and the failure leaves
     #: the commit's fate unknown: the connection was lost, or the unit was cancelled or timed out
@@ -89,8 +93,8 @@ class RunReport(Generic[T]):
     stats: RunStats
 
     def __repr__(self) -> str:
-        # Short whatever the number of outcomes: Python 3.11's asyncio.Runner.run (so anyio.run,
-        # run_sync() and map_sync()) takes the repr of the main task's result, twice.
+        # Short whatever the number of outcomes: Python 3.11's asyncio.Runner.run takes the repr of
+        # the main task's result, twice, and so do anyio.run, run_sync() and map_sync().
         failed = sum(1 for outcome in self.outcomes if outcome.error is not None)
         outcomes = f"<{len(self.outcomes)} outcomes, {failed} failed>"
         return f"{type(self).__name__}(outcomes={outcomes}, stats={self.stats!r})"

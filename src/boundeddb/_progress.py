@@ -1,7 +1,7 @@
 """
-``progress=`` and ``on_outcome=``: the caller's choices checked, and the progress display opened.
+How a call's ``progress=`` and ``on_outcome=`` are checked and turned into what serves them.
 
-rich is an optional dependency (``boundeddb[progress]``): it is imported only when a call asks for
+rich is an optional dependency, ``boundeddb[progress]``. It is imported only when a call asks for
 a progress bar, so a runner costs nothing more without it.
 """
 
@@ -39,7 +39,7 @@ _MISSING_RICH = (
 
 
 def runner_hook(hook: Callable[[Outcome[Any]], object] | None) -> Callable[[Outcome[Any]], None] | None:
-    """A runner's ``on_outcome``: what it raises is logged and ignored (a metrics bug fails no unit)."""
+    """A runner's ``on_outcome``: what it raises is logged and ignored, so a metrics bug fails no unit."""
     if hook is None:
         return None
 
@@ -55,7 +55,7 @@ def runner_hook(hook: Callable[[Outcome[Any]], object] | None) -> Callable[[Outc
 def both_hooks(
     runner: Callable[[Outcome[Any]], None] | None, call: Callable[[Outcome[Any]], object] | None
 ) -> Callable[[Outcome[Any]], object] | None:
-    """The runner's ``on_outcome``, then the call's: one hook for the run (None if neither)."""
+    """The runner's ``on_outcome``, then the call's: one hook for the run, or None if neither."""
     if runner is None:
         return call
     if call is None:
@@ -81,15 +81,15 @@ def check_on_outcome(on_outcome: object) -> Callable[[Any], object] | None:
 
 def open_display(progress: object, description: str, total: float) -> Display | None:
     """
-    The display ``progress`` asks for, started; None for none.
+    The display ``progress`` asks for, started, or None for none.
 
-    ``True``: a bar of the runner's own on stderr, only when stderr is a terminal (or a notebook),
-    labelled ``description``; a string: the same bar with that label.
-    A :class:`rich.progress.Progress`: a task on it (started for the run if it was not).
+    ``True``: a bar of the runner's own on stderr, labelled ``description``, only when stderr is a
+    terminal or a notebook. A string: the same bar with that label.
+    A :class:`rich.progress.Progress`: a task on it. The progress is started for the run if it was not.
 
     Raises:
-        ImportError: if a bar is asked for and rich is not installed (also when stderr is not a
-            terminal, so that a program that works in CI works in a terminal too).
+        ImportError: if a bar is asked for and rich is not installed, even when stderr is not a
+            terminal, so that a program that works in CI works in a terminal too.
         TypeError: if ``progress`` is neither a bool nor a rich ``Progress``.
     """
     if progress is False:
@@ -120,9 +120,9 @@ def _not_a_progress(progress: object) -> NoReturn:
 
 class FeedbackRequest:
     """
-    What a call asked to see of its run: ``progress`` and ``on_outcome``, checked (served by a ``Feedback``).
+    What a call asked to see of its run: ``progress`` and ``on_outcome`` checked, for a ``Feedback`` to serve.
 
-    ``size`` is the input's length where the units are made from it (``map(fn, items)``).
+    ``size`` is the input's length where the units are made from it, as in ``map(fn, items)``.
     """
 
     __slots__ = ("asked", "description", "on_outcome", "progress", "size")
@@ -145,7 +145,7 @@ class FeedbackRequest:
 def feedback_request(
     progress: bool | str | Progress, on_outcome: object, description: str, items: object = None
 ) -> FeedbackRequest | None:
-    """What a call asked to see of its run, checked; None if nothing (the common case: nothing to serve)."""
+    """What a call asked to see of its run, checked, or None in the common case of nothing to serve."""
     if progress is False and on_outcome is None:
         return None
     return FeedbackRequest(progress, on_outcome, description=description, items=items)
@@ -154,9 +154,9 @@ def feedback_request(
 def open_feedback(
     run: Run[Any], recorder: NullRecorder, limiter: Limiter, request: FeedbackRequest | None, runner: str
 ) -> Feedback | None:
-    """What serves ``request`` (and the runner's hook) beside ``run``'s workers; None if nothing is asked."""
+    """What serves ``request`` and the runner's hook beside ``run``'s workers, or None if nothing is asked."""
     if request is None or not request.asked:
-        # The runner's on_outcome alone: served beside the workers (threads queue their outcomes).
+        # The runner's on_outcome alone, served beside the workers. Threads queue their outcomes.
         return None if run.hook is None else Feedback(run.hook, None, recorder, limiter, run.size)
     display = open_display(request.progress, request.description or runner, run.size)
     if display is None and run.hook is None:

@@ -1,4 +1,4 @@
-"""RetryPolicy and its default predicate: which errors are worth a fresh transaction, and when."""
+"""How a runner retries a failed unit: which errors are worth a fresh transaction, and when."""
 
 from __future__ import annotations
 
@@ -16,15 +16,16 @@ def is_transient(error: BaseException) -> bool:
     """
     Return whether ``error`` is a transient database error, worth retrying in a fresh transaction.
 
-    These are: PostgreSQL serialization failures (SQLSTATE ``40001``) and deadlocks (``40P01``);
-    MySQL/MariaDB deadlocks (1213) and lock wait timeouts (1205);
-    a connection that was lost, refused or invalidated
-    (:attr:`sqlalchemy.exc.DBAPIError.connection_invalidated`, SQLSTATE class ``08``,
-    ``57P01``-``57P03`` from a terminated backend or a restarting server, an :class:`OSError`).
+    These are PostgreSQL serialization failures and deadlocks, SQLSTATEs ``40001`` and ``40P01``,
+    MySQL and MariaDB deadlocks and lock wait timeouts, errors 1213 and 1205,
+    and a connection that was lost, refused or invalidated.
+    A lost connection shows as :attr:`sqlalchemy.exc.DBAPIError.connection_invalidated`, as SQLSTATE
+    class ``08``, as ``57P01``-``57P03`` from a terminated backend or a restarting server, or as an
+    :class:`OSError`.
     Nothing else: not constraint violations, not timeouts, not programming errors.
 
     A connection lost while the runner was committing is never retried, whatever the policy says:
-    the commit may have happened (see :attr:`boundeddb.Outcome.commit_unknown`).
+    the commit may have happened. See :attr:`boundeddb.Outcome.commit_unknown`.
 
     .. versionadded:: 0.1.0
     """
@@ -38,22 +39,22 @@ class RetryPolicy:
 
     A retry releases the unit's slot while it waits, so a backing-off unit never holds a connection.
     When the attempts run out, the last attempt's exception goes through unchanged.
-    Delays grow exponentially from ``initial_delay`` by ``multiplier``, capped at ``max_delay``;
-    with ``jitter`` each delay is drawn uniformly from its upper half, so that units that failed
+    Delays grow exponentially from ``initial_delay`` by ``multiplier``, capped at ``max_delay``.
+    With ``jitter`` each delay is drawn uniformly from its upper half, so that units that failed
     together do not retry together.
 
     Args:
-        attempts: Tries in all, the first included (``1`` means no retry).
+        attempts: Tries in all, the first included: ``1`` means no retry.
         initial_delay: Seconds before the second attempt.
         max_delay: The cap on any one delay, in seconds.
         multiplier: How much each delay grows over the previous one.
         jitter: Randomise each delay within its upper half.
-        retry_on: Which exceptions to retry; defaults to :func:`is_transient`.
+        retry_on: Which exceptions to retry. Defaults to :func:`is_transient`.
             Pass your own predicate to widen or narrow it.
         on_retry: Called as ``on_retry(error, attempt, delay)`` before each back-off, with the failed
-            attempt's exception, its number (1 for the first) and the seconds to wait: count or
-            log retries your own way. It runs where the unit ran (a worker thread, for
-            :class:`~boundeddb.ThreadOffloadRunner`); what it raises is logged and ignored.
+            attempt's exception, its number counted from 1, and the seconds to wait: count or
+            log retries your own way. It runs where the unit ran, in a worker thread for
+            :class:`~boundeddb.ThreadOffloadRunner`. What it raises is logged and ignored.
             See :doc:`/how-to/observe`. *New in 0.2.0.*
 
     .. versionadded:: 0.1.0
@@ -93,11 +94,11 @@ class RetryPolicy:
             raise TypeError(msg)
 
     def should_retry(self, error: Exception, attempt: int) -> bool:
-        """Whether a unit whose attempt number ``attempt`` (1-based) raised ``error`` runs again."""
+        """Whether a unit whose attempt number ``attempt``, counted from 1, raised ``error`` runs again."""
         return attempt < self.attempts and bool(self.retry_on(error))
 
     def delay(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        """Seconds to wait after failed attempt number ``attempt``, counted from 1."""
         ceiling = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
         if self.jitter:
             return random.uniform(ceiling / 2, ceiling)

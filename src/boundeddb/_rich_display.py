@@ -1,4 +1,4 @@
-"""The progress bar of ``progress=True``, drawn with rich from the event loop (never a thread of rich's)."""
+"""The progress bar of ``progress=True``, drawn with rich from the event loop, never from rich's threads."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ __all__ = ["Progress", "RichDisplay"]
 
 
 class RateColumn(ProgressColumn):
-    """Units settled per second (rich's estimate over the last 30 s)."""
+    """Units settled per second, as rich estimates it over the last 30 s."""
 
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
@@ -31,7 +31,7 @@ class RateColumn(ProgressColumn):
 
 
 class TimeColumn(ProgressColumn):
-    """The time left while the run lasts (rich's estimate), then the time it took."""
+    """The time left as rich estimates it while the run lasts, then the time it took."""
 
     max_refresh = 0.5  # a steadier ETA
 
@@ -47,7 +47,7 @@ def _clock(seconds: float | None) -> str:
 
 
 class CountsColumn(ProgressColumn):
-    """Failed and retried units, and units in flight against the limit (which moves with ``"auto"``)."""
+    """Failed and retried units, and units in flight against the limit, which moves with ``"auto"``."""
 
     def render(self, task: Task) -> Text:
         fields = task.fields
@@ -60,7 +60,7 @@ class CountsColumn(ProgressColumn):
 
 
 def default_columns() -> tuple[ProgressColumn, ...]:
-    """Description, bar, done/total, %, rate, ETA (then the time taken), and the counts."""
+    """Description, bar, done/total, %, rate, ETA or the time taken, and the counts."""
     return (
         TextColumn("[progress.description]{task.description}"),
         BarColumn(bar_width=24),
@@ -78,7 +78,7 @@ class RichDisplay:
     def __init__(self, progress: Progress, description: str, total: int | None) -> None:
         self._progress = progress
         live = progress.live
-        #: Started here (so stopped here), or the caller's, already showing.
+        #: Started here, so stopped here; else the caller's, already showing.
         self._started_here = not live.is_started
         #: rich refreshes by itself only with auto_refresh; the runner's own bar never does.
         self._refresh = not live.auto_refresh
@@ -90,7 +90,7 @@ class RichDisplay:
 
     @classmethod
     def on_stderr(cls, description: str, total: int | None) -> RichDisplay | None:
-        """The runner's own bar on stderr, or None if stderr is not a terminal (nor a notebook)."""
+        """The runner's own bar on stderr, or None if stderr is neither a terminal nor a notebook."""
         console = Console(stderr=True)
         if not (console.is_terminal or console.is_jupyter):
             return None

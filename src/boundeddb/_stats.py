@@ -1,4 +1,8 @@
-"""RunStats, the frozen figures of one run, and the percentile they use; RunnerStatistics, a runner's now."""
+"""
+The figures a runner reports, as frozen values: of one run, and of the runner now.
+
+:class:`RunStats` holds one run's figures and :class:`RunnerStatistics` a runner's state now.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +20,8 @@ class RunStats:
 
     Latencies are those of the last attempt of each unit that started.
     ``peak_connections`` counts connections checked out of the engine's pool,
-    observed through the pool's ``checkout``/``checkin`` events during the run;
-    it includes connections that other code checked out of the same pool meanwhile.
+    observed through the pool's ``checkout``/``checkin`` events during the run.
+    It includes connections that other code checked out of the same pool meanwhile.
 
     .. versionadded:: 0.1.0
     """
@@ -40,14 +44,14 @@ class RunStats:
     peak_in_flight: int
     #: Most connections checked out of the pool at once while the run lasted.
     peak_connections: int
-    #: 99th percentile of how late the event loop ran a 5 ms timer during the run
-    #: (``None`` where no event loop ran, as in :meth:`~boundeddb.ThreadOffloadRunner.run_sync`).
+    #: 99th percentile of how late the event loop ran a 5 ms timer during the run.
+    #: ``None`` where no event loop ran, as in :meth:`~boundeddb.ThreadOffloadRunner.run_sync`.
     loop_lag_p99_s: float | None = None
     #: The worst such lateness.
     loop_lag_max_s: float | None = None
     #: Attempts that failed and were tried again under the runner's retry policy.
     retried: int = 0
-    #: The lowest the runner's limit was during the run; for a fixed limit, the limit.
+    #: The lowest the runner's limit was during the run. For a fixed limit, the limit.
     #:
     #: .. versionadded:: 0.2.0
     limit_min: int = 0
@@ -59,23 +63,23 @@ class RunStats:
     #:
     #: .. versionadded:: 0.2.0
     limit_final: int = 0
-    #: ``(seconds since the run started, limit)`` at the start and at each change of the limit
-    #: (``limit="auto"``); at most a few hundred points, thinned evenly on long runs.
+    #: ``(seconds since the run started, limit)`` at the start and at each change of a
+    #: ``limit="auto"``. At most a few hundred points, thinned evenly on long runs.
     #:
     #: .. versionadded:: 0.2.0
     limit_trace: tuple[tuple[float, int], ...] = ()
-    #: Units whose last COMMIT lost its connection and whose fate the runner learned from the
-    #: server instead of reporting ``commit_unknown`` (``verify_commits=True``; see
-    #: :attr:`Outcome.commit_verified <boundeddb.Outcome.commit_verified>`).
+    #: With ``verify_commits=True``, units whose last COMMIT lost its connection and whose fate the
+    #: runner learned from the server instead of reporting ``commit_unknown``. See
+    #: :attr:`Outcome.commit_verified <boundeddb.Outcome.commit_verified>`.
     #:
     #: .. versionadded:: 0.2.0
     commits_verified: int = 0
-    #: Transactions of ``batch=`` that committed, each holding one or more units; 0 without batches.
+    #: Transactions of ``batch=`` that committed, each holding one or more units. 0 without batches.
     #:
     #: .. versionadded:: 0.3.0
     batches_committed: int = 0
-    #: Units that ran in a batch that was rolled back, and so ran again: alone, or in a smaller batch
-    #: (see :class:`~boundeddb.BatchPolicy`); 0 without batches.
+    #: Units that ran in a batch that was rolled back, and so ran again: alone, or in a smaller batch,
+    #: as :class:`~boundeddb.BatchPolicy` tells. 0 without batches.
     #:
     #: .. versionadded:: 0.3.0
     units_rerun: int = 0
@@ -86,14 +90,15 @@ class RunnerStatistics:
     """
     What a runner holds and what waits for it, at the moment of :meth:`~boundeddb.SemaphoreRunner.statistics`.
 
-    Across all the runner's calls (runs, maps, streams, submits): the state now, and counters since the
-    runner was made (they only grow: a scraper turns them into rates). Taken in a few microseconds:
-    cheap enough for a metrics endpoint or a gauge callback; see :doc:`/how-to/observe`.
+    It covers all the runner's calls, its runs, maps, streams and submits: the state now, and counters
+    since the runner was made. The counters only grow, and a scraper turns them into rates. It is taken
+    in a few microseconds, cheap enough for a metrics endpoint or a gauge callback.
+    See :doc:`/how-to/observe`.
 
     .. versionadded:: 0.2.0
     """
 
-    #: The most units in flight at once, now; it moves with ``limit="auto"``.
+    #: The most units in flight at once, now. It moves with ``limit="auto"``.
     limit: int
     #: Slots of the limit granted only to calls with ``priority > 0``.
     reserve: int
@@ -101,9 +106,9 @@ class RunnerStatistics:
     in_flight: int
     #: Units of any call waiting for a slot.
     waiting: int
-    #: ``waiting`` by priority; priorities with no waiter are left out.
+    #: ``waiting`` by priority. Priorities with no waiter are left out.
     waiting_by_priority: Mapping[int, int]
-    #: ``in_flight`` by priority; priorities with nothing in flight are left out.
+    #: ``in_flight`` by priority. Priorities with nothing in flight are left out.
     in_flight_by_priority: Mapping[int, int]
     #: Units of the runner that succeeded since it was made: every call's, ``submit()``'s included.
     #:
@@ -113,7 +118,7 @@ class RunnerStatistics:
     #:
     #: .. versionadded:: 0.2.0
     failed: int = 0
-    #: Of the failed units, those whose COMMIT's fate is unknown (``commit_unknown``).
+    #: Of the failed units, those whose COMMIT's fate is unknown: ``commit_unknown``.
     #:
     #: .. versionadded:: 0.2.0
     commit_unknown: int = 0
@@ -137,7 +142,7 @@ class RunnerStatistics:
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:
-    """The nearest-rank percentile of already sorted values; 0.0 for none."""
+    """The nearest-rank percentile of already sorted values, or 0.0 for none."""
     if not sorted_values:
         return 0.0
     rank = max(1, math.ceil(fraction * len(sorted_values)))

@@ -1,4 +1,8 @@
-"""OpenTelemetry metrics and traces of every runner: :func:`instrument` and :func:`uninstrument`."""
+"""
+The OpenTelemetry instrumentation of every runner's units, off until :func:`instrument` turns it on.
+
+Its metrics and spans are listed in ``docs/how-to/observe.md``.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ __all__ = [
     "uninstrument",
 ]
 
-#: Seconds: bucket boundaries for unit durations and slot waits (1 ms to 1 min, roughly x2.5 apart).
+#: Bucket boundaries in seconds for unit durations and slot waits: 1 ms to 1 min, roughly x2.5 apart.
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: The buckets of ``boundeddb.batch.size``, in units.
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -54,7 +58,7 @@ class Observed(Protocol):
     def statistics(self) -> RunnerStatistics: ...
 
 
-#: Every runner made (and not yet collected), with its attributes: the gauges read them.
+#: Every runner made and not yet collected, with its attributes: the gauges read them.
 _runners: weakref.WeakKeyDictionary[Observed, Mapping[str, str]] = weakref.WeakKeyDictionary()
 
 
@@ -64,13 +68,13 @@ def labels(runner: str, db_system: str) -> dict[str, str]:
 
 
 def register(runner: Observed, attributes: Mapping[str, str]) -> None:
-    """Let the gauges see ``runner`` (once per runner, instrumented or not: no per-unit cost)."""
+    """Let the gauges see ``runner``, once per runner, instrumented or not: it costs nothing per unit."""
     with _lock:
         _runners[runner] = attributes
 
 
 def active() -> Telemetry | None:
-    """The instrumentation in force, if :func:`instrument` was called (read once per call, not per unit)."""
+    """The instrumentation in force, if :func:`instrument` was called. Read once per call, not per unit."""
     return _active
 
 
@@ -80,13 +84,13 @@ def instrument(
     """
     Record metrics and traces of every runner's units with OpenTelemetry, from now on.
 
-    Needs ``opentelemetry-api`` (``pip install 'boundeddb[otel]'``); the SDK and exporters are
-    yours to set up. Calls made after this one are recorded, on runners old and new; calling it again
+    Needs ``opentelemetry-api``, from ``pip install 'boundeddb[otel]'``. The SDK and exporters are
+    yours to set up. Calls made after this one are recorded, on runners old and new. Calling it again
     replaces the providers. Without it, the runners record nothing and pay nothing per unit.
 
     Args:
-        meter_provider: Where the metrics go; ``None`` for OpenTelemetry's global provider.
-        tracer_provider: Where the spans go; ``None`` for the global provider.
+        meter_provider: Where the metrics go. ``None`` for OpenTelemetry's global provider.
+        tracer_provider: Where the spans go. ``None`` for the global provider.
 
     See :doc:`/how-to/observe` for the metrics, the spans and what each answers.
 
@@ -199,7 +203,7 @@ class Telemetry:
 
     @staticmethod
     def carrier() -> dict[str, str]:
-        """The current context, for another process (W3C trace context): see :func:`attached`."""
+        """The current context as a W3C trace context, for another process: see :func:`attached`."""
         from opentelemetry import propagate
 
         carrier: dict[str, str] = {}
@@ -211,7 +215,7 @@ class Telemetry:
 def attached(carrier: Mapping[str, str] | None) -> Iterator[None]:
     """
     In a ProcessRunner's worker: the caller's context, from ``carrier``, is the current one, and the
-    runner's units make spans (exported by this process's tracer provider; its metrics are the caller's).
+    runner's units make spans. This process's tracer provider exports them. The metrics are the caller's.
     """
     if carrier is None:
         yield
@@ -230,7 +234,7 @@ def attached(carrier: Mapping[str, str] | None) -> Iterator[None]:
 
 
 class CallTelemetry:
-    """One call's units: a span each (current while the unit runs), and their metrics as they settle."""
+    """One call's units: a span each, current while the unit runs, and their metrics as they settle."""
 
     def __init__(
         self,
@@ -249,7 +253,7 @@ class CallTelemetry:
         self._attributes = attributes
         self._wait_attributes: dict[str, str | int] = {**attributes, "boundeddb.priority": priority}
         self._spans: dict[int, Span] = {}
-        #: Whether units get spans here (not in a ProcessRunner's parent: its workers make them).
+        #: Whether units get spans here. Not in a ProcessRunner's parent: its workers make them.
         self._traced = spans
 
     def _start(self, index: int, parent: Context | None = None) -> Span:
@@ -261,7 +265,7 @@ class CallTelemetry:
         return span
 
     def wrap(self, unit: Any, index: int, parent: Context | None = None) -> Any:
-        """``unit`` with its span current while it runs (so statement spans are its children)."""
+        """``unit`` with its span current while it runs, so that statement spans are its children."""
         from opentelemetry import trace
 
         span = self._start(index, parent)
@@ -285,7 +289,7 @@ class CallTelemetry:
             self._telemetry.batch_size.record(units, self._attributes)
 
     def settled(self, outcome: Outcome[Any]) -> None:
-        """Record ``outcome`` and end its unit's span (from any thread)."""
+        """Record ``outcome`` and end its unit's span, from any thread."""
         from opentelemetry.trace import Status, StatusCode
 
         telemetry = self._telemetry

@@ -3,8 +3,8 @@ Helpers for testing code that uses boundeddb against a real PostgreSQL.
 
 :func:`postgres` finds a server the way boundeddb's own tests and benchmarks do:
 the URL in an environment variable if it is set, else a local server if one answers,
-else an embedded PostgreSQL started from the ``pgserver`` wheel in a temporary directory
-(``pip install pgserver``), so that a machine with only Python can run the tests.
+else an embedded PostgreSQL started from the ``pgserver`` wheel in a temporary directory.
+With ``pip install pgserver``, a machine with only Python can run the tests.
 
 .. versionadded:: 0.1.0
 """
@@ -36,10 +36,10 @@ class PostgresServer:
     .. versionadded:: 0.1.0
     """
 
-    #: The server's URL, without a driver (``postgresql://...``); use :func:`driver_url`.
+    #: The server's URL without a driver, as in ``postgresql://...``. Add one with :func:`driver_url`.
     url: URL
-    #: ``"env"`` (the environment variable), ``"local"`` (the default URL answered)
-    #: or ``"embedded"`` (a pgserver started for this process).
+    #: ``"env"`` for the environment variable, ``"local"`` when the default URL answered,
+    #: or ``"embedded"`` for a pgserver started for this process.
     source: Literal["env", "local", "embedded"]
 
     def describe(self) -> str:
@@ -48,12 +48,12 @@ class PostgresServer:
 
 
 def driver_url(url: URL | str, driver: Driver) -> URL:
-    """Return ``url`` with its driver set to ``driver`` (``postgresql+asyncpg://...``)."""
+    """Return ``url`` with its driver set to ``driver``, as in ``postgresql+asyncpg://...``."""
     return make_url(url).set(drivername=f"postgresql+{driver}")
 
 
 def _answers(url: URL, timeout: float = 3.0) -> bool:
-    """Whether a PostgreSQL server accepts a connection at ``url`` (tried with asyncpg)."""
+    """Whether a PostgreSQL server accepts an asyncpg connection at ``url``."""
     import asyncpg
 
     async def probe() -> None:
@@ -84,7 +84,7 @@ def postgres(
     """
     Yield a PostgreSQL server that answers: ``$env_var``, else ``default``, else an embedded one.
 
-    The embedded server (from the ``pgserver`` wheel) lives in a temporary directory and is
+    The embedded server, from the ``pgserver`` wheel, lives in a temporary directory and is
     stopped and removed when the context exits. ``embedded=True`` starts one whatever answers.
 
     Raises:
@@ -103,7 +103,7 @@ def postgres(
         return
     try:
         with warnings.catch_warnings():
-            # platformdirs warns at import when XDG_RUNTIME_DIR is unset (as root, in CI, in a container).
+            # platformdirs warns at import when XDG_RUNTIME_DIR is unset: as root, in CI, in a container.
             warnings.simplefilter("ignore")
             import pgserver
     except ImportError as error:

@@ -19,7 +19,7 @@ from trio.testing import MockClock
 
 from boundeddb import BatchPolicy, RetryPolicy, RunFailed
 from boundeddb._core.attempts import Attempts, CommitUnknown
-from boundeddb._core.batches import Batches, BatchUnitFailed
+from boundeddb._core.batches import Batches, BatchUnitFailed, Withdrawn
 from boundeddb._core.gather import Gather
 from boundeddb._core.limiter import Limiter, Slot
 from boundeddb._core.pacing import SlidingWindow, Worker, drive
@@ -115,6 +115,8 @@ class FakeBatchExecutor(FakeExecutor):
         tx = Tx(self.store)
         values = []
         for position, (unit, index) in enumerate(units):
+            if index in units.withdrawn:
+                raise BatchUnitFailed(position, Withdrawn(index))
             self.executed.append(index)
             try:
                 values.append(await unit(tx))
@@ -122,6 +124,8 @@ class FakeBatchExecutor(FakeExecutor):
                     tx.flush()
             except Exception as error:
                 raise BatchUnitFailed(position, error) from None
+        if (position := units.first_withdrawn()) is not None:
+            raise BatchUnitFailed(position, Withdrawn(units[position][1]))
         self.store.commit(tx)
         return values
 
@@ -299,13 +303,19 @@ class Gathered:
         self.batches: list[int] = []
 
     async def run_batch(
-        self, units: list[Any], priority: int, settled: Callable[[Outcome[Any]], None], slot: Slot
+        self,
+        units: list[Any],
+        priority: int,
+        settled: Callable[[Outcome[Any]], None],
+        slot: Slot,
+        withdrawn: set[int],
     ) -> None:
         self.batches.append(len(units))
         run = Run(
             units, CallbackSink(settled), check=self.executor.check, stop_on_failure=False,
             recorder=Recorder(NoPool()), priority=priority,
         )  # fmt: skip
+        run.withdrawn = withdrawn
         await drive(run, self.executor, self.attempts, SlidingWindow(), self.limiter, 1, slot=slot)
 
     async def submit(self, unit: Unit, priority: int = 0) -> Any:
@@ -403,6 +413,31 @@ async def test_a_call_cancelled_while_it_waits_never_runs() -> None:
         with anyio.move_on_after(0.1):
             await gathered.submit(writer("withdrawn"))
     assert list(store.rows) == ["kept"]
+
+
+async def test_a_call_cancelled_while_its_batch_runs_withdraws_its_unit() -> None:
+    """A follower gives up mid-batch: its unit never commits; the others commit once, without it."""
+    store = Store()
+    gathered = Gathered(store, size=10, linger=0.01)
+    quitter = anyio.CancelScope()
+    values: list[Any] = []
+
+    async def follower(i: int, seconds: float) -> None:
+        values.append(await gathered.submit(writer(f"k{i}", seconds=seconds)))
+
+    async def quitting() -> None:
+        with quitter:
+            await gathered.submit(writer("quitter", seconds=1.0))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(follower, 0, 0.01)
+        group.start_soon(quitting)
+        group.start_soon(follower, 1, 0.01)
+        await anyio.sleep(0.5)  # the batch of three is in the quitter's unit
+        quitter.cancel()
+    assert sorted(values) == ["k0", "k1"]
+    assert sorted(store.rows) == ["k0", "k1"]
+    assert store.commits == 1
 
 
 async def test_a_leader_cancelled_mid_batch_leaves_the_others_to_the_next_leader() -> None:

@@ -72,7 +72,7 @@ async def test_a_hanging_unit_times_out_and_its_statement_stops_on_the_server(
     # The slot is free: with limit=1 the next unit runs at once.
     with anyio.fail_after(5):
         assert await runner.submit(kit.select(7)) == 7
-    # The same in a batch: the timeout is that unit's outcome, its neighbours commit.
+    # The same in a run: the timeout is that unit's outcome, its neighbours commit.
     runner = kit.runner(limit=1, timeout=0.5, errors="collect")
     with anyio.fail_after(30):
         report = await runner.run([kit.select(1), hanging(kit), kit.select(3)])

@@ -554,7 +554,7 @@ def ending_unit(kit: Kit, i: int, how: str) -> Callable[[Any], Any]:
 @pytest.mark.postgres
 @pytest.mark.anyio
 @pytest.mark.usefixtures("items_table")
-async def test_a_unit_that_ends_the_transaction_itself_stops_a_raising_batch(
+async def test_a_unit_that_ends_the_transaction_itself_stops_a_raising_run(
     kit: Kit, admin: Engine, app_name: str, how: str
 ) -> None:
     """errors="raise": session.commit()/rollback()/close() inside a unit raises UnitMisuseError."""

@@ -284,7 +284,7 @@ async def test_500_concurrent_submits_share_the_limit(kit: Kit, sampler: PeakSam
 
 
 async def test_concurrent_runs_and_submits_share_one_limit(kit: Kit, sampler: PeakSampler) -> None:
-    """Two batches and a stream of submits on one runner together stay within its limit."""
+    """Two runs and a stream of submits on one runner together stay within its limit."""
     limit = 5
     runner = kit.runner(limit=limit, pool_size=limit * 3)
     with sampler:

@@ -213,7 +213,7 @@ async def test_a_unit_whose_retries_ran_out_is_one_warning(
 async def test_unit_spans_are_children_of_the_callers_span(
     telemetry: Telemetry, make_async_engine: Any, make_sync_engine: Any, kind: str, anyio_backend: str
 ) -> None:
-    """A batch and a submit under a request's span: every unit's span is its child, errors marked."""
+    """A run and a submit under a request's span: every unit's span is its child, errors marked."""
     runner: Any
     if kind == "semaphore":
         runner = SemaphoreRunner(

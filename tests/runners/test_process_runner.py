@@ -587,7 +587,7 @@ async def test_map_on_a_dask_cluster(
             await both_ready(runner)
             report = await runner.map(partial(units.insert_and_sleep, seconds=0.01), range(200))
             # Small messages go out at once: with Nagle's algorithm each waited for an acknowledgement.
-            links = [slot.link for slot in runner._fleet.slots]
+            links = [seat.link for seat in runner._fleet.seats]
             assert all(link is not None and no_delay(link.started.connection) for link in links)
     assert [outcome.value for outcome in report.outcomes] == list(range(200))
     assert pids(rows) == cluster_pids

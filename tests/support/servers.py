@@ -222,13 +222,20 @@ class MariaDB(Database):
         refreshes only when nobody has read it for 100 ms (``trx_i_s_cache``), so polling it every
         20 ms, or any other session on the server doing so, sees the same stale rows forever.
         """
-        with self.admin.connect() as connection:
-            status = str(connection.execute(text("SHOW ENGINE INNODB STATUS")).one()[2])
-        in_transaction = _threads_in_transaction(status)
+        in_transaction = self.threads_in_transaction()
         if not in_transaction:
             return []
         idle = self._processlist("command = 'Sleep'")
         return [(row.id, "idle in transaction") for row in idle if row.id in in_transaction]
+
+    def threads_in_transaction(self) -> set[int]:
+        """
+        The ids of the server's connections (any test's) with an InnoDB transaction started, idle or
+        running a statement, by ``SHOW ENGINE INNODB STATUS`` (see :meth:`open_transactions`).
+        """
+        with self.admin.connect() as connection:
+            status = str(connection.execute(text("SHOW ENGINE INNODB STATUS")).one()[2])
+        return _threads_in_transaction(status)
 
     def terminate(self) -> None:
         for row in self._processlist("TRUE"):

@@ -1,1 +1,1 @@
-"""The database-agnostic core: runs, slots, attempts and pacing (anyio only, never SQLAlchemy)."""
+"""The database-agnostic core of every runner, built on anyio alone and never on SQLAlchemy."""

@@ -35,7 +35,7 @@ GAIN, Z = 0.02, 1.0
 PRIOR_SPREAD, PRIOR_WEIGHT = 0.12, 2
 #: Comparisons a side keeps, the newest.
 EVIDENCE = 8
-#: The most windows at the limit between two looks at one side; each look that moves nothing
+#: The most windows at the limit between two looks at one side. Each look that moves nothing
 #: doubles the gap, up to this.
 MAX_WAIT = 16
 #: Throughput this many times off its recent level, two windows in a row: the database changed. The
@@ -44,10 +44,10 @@ MAX_WAIT = 16
 CHANGE, SETTLED, SETTLE_WINDOWS = 1.6, 1.25, 4
 #: Weight of the newest window in the recent level of throughput at the limit.
 LEVEL_WEIGHT = 0.3
-#: Cut on overload: the limit times this; then no rise for CALM_WINDOWS windows.
+#: Cut on overload: the limit times this, then no rise for CALM_WINDOWS windows.
 BACKOFF = 0.75
 CALM_WINDOWS = 8
-#: The most points a trace keeps; then every other point is dropped.
+#: The most points a trace keeps. Beyond it every other point is dropped.
 TRACE_POINTS = 512
 
 Side = Literal["up", "down"]
@@ -100,7 +100,7 @@ class Evidence:
         self.ratios = [*self.ratios[-(EVIDENCE - 1) :], ratio]
 
     def bounds(self) -> tuple[float, float]:
-        """The mean log ratio less and plus Z standard errors; the spread is shrunk towards the prior's."""
+        """The mean log ratio less and plus Z standard errors. The spread is shrunk towards the prior's."""
         n = len(self.ratios)
         mean = sum(self.ratios) / n
         squares = sum((r - mean) ** 2 for r in self.ratios)
@@ -110,7 +110,7 @@ class Evidence:
 
 
 class LimitController:
-    """Moves ``limiter``'s limit within ``[low, high]``; see the module docstring."""
+    """Moves ``limiter``'s limit within ``[low, high]``. See the module docstring."""
 
     def __init__(
         self,
@@ -124,7 +124,7 @@ class LimitController:
         self._limiter = limiter
         self._is_overload = is_overload
         self.low, self.high = low, high
-        #: What the units report, in windows; ``observe`` is on the per-unit path.
+        #: What the units report, in windows. ``observe`` is on the per-unit path.
         self.windows = Windows(limiter, initial)
         self.observe = self.windows.observe
         self._overloaded = False
@@ -201,8 +201,10 @@ class LimitController:
 
     def _cruise(self, home: int, why: str, climbed: Climb | None = None) -> None:
         """
-        Hold ``home`` and compare it with its neighbours, from scratch; a side whose neighbour
-        ``climbed`` (the climb that ends here) shows not to pay is looked at later.
+        Hold ``home`` and compare it with its neighbours, from scratch.
+
+        A side whose neighbour ``climbed``, the climb that ends here, shows not to pay is looked at
+        later.
         """
         self.phase = "cruise"
         self._home = home = max(self.low, min(self.high, home))
@@ -222,7 +224,7 @@ class LimitController:
         return min(self.high, home + step) if side == "up" else max(self.low, home - step)
 
     def _unfilled(self) -> None:
-        """A window the units did not fill: a comparison under way is void; a look goes home."""
+        """A window the units did not fill: a comparison under way is void, and a look goes home."""
         self._before, self._looked = None, None
         if self._looking is not None:
             self._looking = None
@@ -257,7 +259,7 @@ class LimitController:
         return self._off >= 2
 
     def _weigh(self, side: Side, ratio: float) -> bool:
-        """Add a comparison to ``side``'s evidence; move the limit if that is shown to pay: did it move?"""
+        """Add a comparison to ``side``'s evidence and move the limit if that is shown to pay: did it move?"""
         evidence = self._sides[side]
         evidence.add(ratio)
         low, high = evidence.bounds()
@@ -297,7 +299,7 @@ class LimitController:
     # -- moving the limit ---------------------------------------------------------------------------
 
     def _move(self, limit: int, reason: str) -> None:
-        """Move the limit; the next window leaves out the units in flight now, which ran at the old one."""
+        """Move the limit. The next window leaves out the units in flight now, which ran at the old one."""
         limit = max(self.low, min(self.high, limit))
         old = self._limiter.target
         if limit == old:

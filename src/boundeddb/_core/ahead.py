@@ -53,13 +53,13 @@ class ReadAhead:
         return bool(self._units)
 
     def take_nowait(self) -> Any:
-        """The next unit pulled ahead; call it only when :attr:`ready`."""
+        """The next unit pulled ahead. Call it only when :attr:`ready`."""
         unit = self._units.popleft()
         self._taken.set()
         return unit
 
     async def take(self) -> Any:
-        """The next unit, or ``END_OF_INPUT``; raises the input's own error. Cancelling it loses nothing."""
+        """The next unit or ``END_OF_INPUT``, or the input's own error raised. Cancelling it loses nothing."""
         while not self._units:
             if self._ended:
                 if self._error is not None:

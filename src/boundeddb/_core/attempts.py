@@ -132,10 +132,10 @@ class Attempts:
         labels: Mapping[str, str] | None = None,
     ) -> None:
         self._retry = retry
-        #: With an auto limit: told each failed attempt's own error and how long it ran (the
-        #: controller looks for overload).
+        #: With an auto limit: told each failed attempt's own error and how long it ran, so that the
+        #: controller can look for overload.
         self._failed = failed
-        #: The runner's attributes for the retries counter (``boundeddb.instrument()``).
+        #: The runner's attributes for the retries counter of ``boundeddb.instrument()``.
         self._labels = labels or {}
 
     def settle(
@@ -219,7 +219,7 @@ class Attempts:
         )
 
     def _tell_retry(self, error: Exception, attempt: int, delay: float) -> None:
-        """The policy's ``on_retry`` and the retries counter, told of a retry (not the per-unit path)."""
+        """The policy's ``on_retry`` and the retries counter, told of a retry, off the per-unit path."""
         hook = self._retry.on_retry
         if hook is not None:
             try:

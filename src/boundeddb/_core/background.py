@@ -12,7 +12,7 @@ __all__ = ["Background"]
 
 
 def _on_asyncio() -> bool:
-    """Whether the running event loop is asyncio's (trio runs no asyncio loop)."""
+    """Whether the running event loop is asyncio's. Under trio no asyncio loop runs."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -26,8 +26,8 @@ class Background:
 
     On asyncio the producer is a separate task, so that the consumer's async generator never yields
     inside a task group: breaking out of ``async for`` early is safe there. On trio it is a task group
-    around the generator's body; close the generator promptly (``contextlib.aclosing``) if you may
-    break out early.
+    around the generator's body. If you may break out early, close the generator promptly with
+    ``contextlib.aclosing``.
     """
 
     def __init__(self, produce: Callable[[], Awaitable[None]]) -> None:
@@ -55,7 +55,7 @@ class Background:
         elif exc_info[0] is None:
             await self._group.__aexit__(None, None, None)
         else:
-            # The consumer left (GeneratorExit) or failed: stop the producer, then let the
+            # The consumer left with GeneratorExit, or failed: stop the producer, then let the
             # consumer's exception go on as it was, not wrapped in the task group's own.
             self._group.cancel_scope.cancel()
             await self._group.__aexit__(None, None, None)

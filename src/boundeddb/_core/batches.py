@@ -3,18 +3,11 @@ Batches: many units in one transaction, and what happens to each unit when the t
 
 A worker holding a slot pulls up to ``size`` units and has the executor run them one after another
 in one session, committed once. Every unit's outcome waits for that COMMIT. When the transaction
-fails, :class:`Batches` finds who failed it without taking anyone else's writes with it:
-
-1. A transient error, by the runner's retry policy, runs the whole batch again after a back-off.
-2. A unit that raised runs alone, as it would without batches; the others run again as a batch.
-3. A failure that names no unit, the flush before COMMIT or the COMMIT itself, runs the batch once
-   more with each unit's changes flushed as it returns: the unit whose flush fails is named (2).
-4. If that names no unit either (a deferred constraint), the batch is bisected: each half in its
-   own transaction, until the culprit stands alone.
-5. A COMMIT whose fate is unknown leaves every unit of the batch ``commit_unknown``.
-
-A batch of one unit runs the executor's one-unit attempt, so a unit alone meets exactly its retries,
-its timeout and its error. See "Batches" in ``docs/explanation/architecture.md``.
+fails, :class:`Batches` finds who failed it without taking anyone else's writes with it, in the
+order that "Batches" in ``docs/explanation/architecture.md`` gives: the whole batch again for a
+transient error, a unit that raised alone, a pinpointing pass for a failure that names no unit,
+then bisection. A batch of one unit runs the executor's one-unit attempt, so a unit alone meets
+exactly its retries, its timeout and its error.
 """
 
 from __future__ import annotations
@@ -31,12 +24,41 @@ from .attempts import AttemptFn, Attempts, CommitUnknown, CommitVerified, Connec
 from .pacing import EXHAUSTED, MORE, Served, Worker
 from .run import END, REFUSED, Pulled, Run
 
-__all__ = ["BatchAttemptFn", "BatchUnitFailed", "Batches", "Pending"]
+__all__ = ["BatchAttemptFn", "BatchUnitFailed", "BatchUnits", "Batches", "Pending", "Withdrawn"]
 
 #: A unit pulled from its run, and its index.
 Pending = tuple[Any, int]
+
+
+class BatchUnits(list[Pending]):
+    """The units of one batch's attempt, and the indexes of those whose caller gave up meanwhile."""
+
+    __slots__ = ("withdrawn",)
+
+    def __init__(self, units: list[Pending], withdrawn: set[int]) -> None:
+        super().__init__(units)
+        #: Shared with the run and its ``submit()`` calls: it may grow while the attempt runs.
+        self.withdrawn = withdrawn
+
+    def first_withdrawn(self) -> int | None:
+        """The position of the first unit whose caller gave up, if any."""
+        withdrawn = self.withdrawn
+        if withdrawn:
+            for position, (_, index) in enumerate(self):
+                if index in withdrawn:
+                    return position
+        return None
+
+
 #: One attempt of a batch by a worker: the units' values in order, or it raises.
-BatchAttemptFn = Callable[[Any, list[Pending], int], Awaitable[list[Any]]]
+BatchAttemptFn = Callable[[Any, BatchUnits, int], Awaitable[list[Any]]]
+
+
+class Withdrawn(Exception):
+    """A unit whose ``submit()`` was cancelled before its batch committed: it never commits."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"unit {index}'s submit() was cancelled before its batch committed: rolled back")
 
 
 class BatchUnitFailed(Exception):
@@ -71,7 +93,7 @@ class Batches:
         attempt_batch: BatchAttemptFn,
         pinpoint: BatchAttemptFn,
     ) -> None:
-        """``pinpoint`` attempts a batch flushing each unit's changes as it returns (case 3)."""
+        """``pinpoint``: an attempt that flushes each unit as it returns, so that the failing one is named."""
         self.size = policy.size
         self.linger = policy.linger
         self._attempts = attempts
@@ -80,7 +102,7 @@ class Batches:
         self._pinpoint = pinpoint
 
     async def serve(self, run: Run[Any], worker: Worker, wait_s: float) -> Served:
-        """Pull up to ``size`` units and run them as one batch; EXHAUSTED once the input is."""
+        """Pull up to ``size`` units and run them as one batch. EXHAUSTED once the input is."""
         batch, ended = await self._fill(run)
         if batch:
             telemetry = run.telemetry
@@ -98,7 +120,7 @@ class Batches:
         """
         The next batch, and whether the input ended with it.
 
-        The first unit is waited for as long as the input takes; the others for at most ``linger``
+        The first unit is waited for as long as the input takes, the others for at most ``linger``
         seconds in all. A stream's window is taken once per unit: the worker took the first.
         """
         batch: list[Pending] = []
@@ -132,7 +154,7 @@ class Batches:
         return batch, False
 
     async def settle(self, run: Run[Any], worker: Worker, batch: list[Pending], wait_s: float) -> None:
-        """Run ``batch`` until every unit of it has its outcome (see the module docstring)."""
+        """Run ``batch`` until every unit of it has its outcome."""
         todo: list[tuple[list[Pending], bool]] = [(batch, True)]
         while todo:
             group, may_pinpoint = todo.pop()
@@ -144,6 +166,9 @@ class Batches:
     async def _alone(self, run: Run[Any], worker: Worker, pending: Pending, wait_s: float) -> None:
         """One unit in its own transaction, with its own retries: as without batches."""
         unit, index = pending
+        if index in run.withdrawn:
+            run.finish(Outcome(index, None, Withdrawn(index), 0.0, wait_s, 0))
+            return
         started = perf_counter()
         try:
             value = await self._attempt(worker, unit, index)
@@ -162,8 +187,10 @@ class Batches:
         self, run: Run[Any], worker: Worker, group: list[Pending], wait_s: float, may_pinpoint: bool
     ) -> list[tuple[list[Pending], bool]]:
         """
-        Attempt ``group`` as one batch until it commits or must be split: the groups to run next,
-        each with whether it may still be pinpointed (case 3 of the module docstring).
+        Attempt ``group`` as one batch until it commits or must be split.
+
+        Return the groups to run next, each with whether a failure that names no unit may still be
+        pinpointed in it before it is bisected.
         """
         attempt = 1
         recorder = run.recorder
@@ -171,9 +198,14 @@ class Batches:
         while True:
             started = perf_counter()
             try:
-                values = await attempt_batch(worker, group, group[0][1])
+                values = await attempt_batch(worker, BatchUnits(group, run.withdrawn), group[0][1])
             except BatchUnitFailed as failed:
                 ran = failed.position + 1
+                if isinstance(failed.error, Withdrawn):  # its caller is gone: it is not run again
+                    position = failed.position
+                    recorder.rerun(failed.position)
+                    run.finish(Outcome(group[position][1], None, failed.error, 0.0, wait_s, attempt))
+                    return [(group[:position] + group[position + 1 :], may_pinpoint)]
                 delay = self._attempts.again(failed.error, attempt, perf_counter() - started)
                 if delay is None:
                     recorder.rerun(ran)

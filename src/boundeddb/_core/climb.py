@@ -2,7 +2,7 @@
 The auto limit's climb: it finds the region of the best limit, one window at each limit it tries.
 
 The limit doubles while doubling pays, halves while halving costs little, and ends at the fewest
-units within :data:`PICK_TOLERANCE` of the most throughput measured; see "The climb" in
+units within :data:`PICK_TOLERANCE` of the most throughput measured. See "The climb" in
 ``docs/explanation/auto-limit-controller.md``.
 """
 
@@ -12,26 +12,26 @@ import math
 
 __all__ = ["CLIMB_GAIN", "LEAP", "LEAP_GAIN", "PICK_TOLERANCE", "TOLERANCE", "Climb"]
 
-#: A doubling pays if throughput grew by at least this share of the step (a third).
+#: A doubling pays if throughput grew by at least this share of the step, a third.
 CLIMB_GAIN = 1 / 3
-#: A doubling that paid at least this share of the step (latency hardly grew: units that mostly
-#: wait) makes the next step LEAP times the limit rather than twice.
+#: A doubling that paid at least this share of the step makes the next step LEAP times the limit
+#: rather than twice. Latency hardly grew there: the units mostly wait.
 LEAP_GAIN, LEAP = 0.9, 4
-#: Fewer units in flight are worth this much throughput (halving here, moving down in the cruise).
+#: Fewer units in flight are worth this much throughput, when halving here or moving down in the cruise.
 TOLERANCE = 0.02
 #: The climb ends at the fewest units within this of the most throughput it measured.
 PICK_TOLERANCE = 0.01
 
 
 class Climb:
-    """One climb's measurements (limit: throughput) and where it goes next; see the module docstring."""
+    """One climb's throughput at each limit, and where it goes next. See the module docstring."""
 
     __slots__ = ("halves", "points", "settled", "settling", "start")
 
     def __init__(self, start: int, *, settle: int = 0, halves: bool = True) -> None:
         #: The limit it started from.
         self.start = start
-        #: Whether it may go below ``start`` (looking for a knee under it).
+        #: Whether it may go below ``start``, looking for a knee under it.
         self.halves = halves
         self.points: dict[int, float] = {}
         #: After a change: windows left to wait for throughput to settle, and the last one's.
@@ -40,8 +40,10 @@ class Climb:
 
     def settles(self, throughput: float, within: float) -> bool:
         """
-        After a change, whether throughput at the start has settled (the last two windows within
-        ``within`` times of each other, or the wait is over): only then does the climb measure.
+        After a change, whether throughput at the start has settled: only then does the climb measure.
+
+        It has settled when the last two windows are within ``within`` times of each other, or when
+        the wait is over.
         """
         if not self.settling:
             return True
@@ -57,7 +59,7 @@ class Climb:
     ) -> tuple[int, str] | None:
         """
         Note ``throughput`` at ``limit``: the next limit to measure and why, or ``None`` when the climb
-        is over (then :meth:`pick` says where it ends). ``may_rise``: False while rising is held off.
+        is over and :meth:`pick` says where it ends. ``may_rise``: False while rising is held off.
         """
         start, points = self.start, self.points
         points[limit] = throughput
@@ -88,8 +90,10 @@ class Climb:
 
     def ratio(self, home: int, limit: int) -> float | None:
         """
-        Throughput at ``limit`` over throughput at ``home`` on the climb's curve: measured, or
-        interpolated (log-log) between the measured limits around it; ``None`` if none lies beyond it.
+        Throughput at ``limit`` over throughput at ``home`` on the climb's curve.
+
+        It is measured, or interpolated on a log-log scale between the measured limits around it.
+        ``None`` if no measured limit lies beyond it.
         """
         points = self.points
         if home not in points:

@@ -29,12 +29,12 @@ logger = logging.getLogger("boundeddb.hooks")
 
 #: How often outcomes settled in worker threads are handed to the hook, in seconds.
 DRAIN_INTERVAL_S = 0.01
-#: How often the display is updated, in seconds; rich's own default is 10 times a second.
+#: How often the display is updated, in seconds. rich's own default is 10 times a second.
 DISPLAY_INTERVAL_S = 0.1
 
 
 class OutcomeHook:
-    """Calls ``fn(outcome)`` on the event loop, in completion order; see the module docstring."""
+    """Calls ``fn(outcome)`` on the event loop, in completion order. See the module docstring."""
 
     __slots__ = ("_fn", "_loop_thread", "_queue", "_stop", "error")
 
@@ -48,7 +48,7 @@ class OutcomeHook:
         self.error: Exception | None = None
 
     def put(self, outcome: Outcome[Any]) -> None:
-        """An outcome settled; any thread may call it."""
+        """An outcome settled. Any thread may call it."""
         if self._queue or threading.get_ident() != self._loop_thread:
             self._queue.append(outcome)  # deque.append is atomic: safe from worker threads
         else:

@@ -1,16 +1,18 @@
 """
-Concurrent ``submit()`` calls gathered into shared batches (``batch=``).
+Concurrent ``submit()`` calls of a ``batch=`` runner, gathered into shared batches.
 
 Each call puts its unit in the queue of its priority and waits for its own outcome. One waiting call
-at a time leads: it waits up to ``linger`` for the queue to fill (never above priority 0), then for a
+at a time leads: it waits up to ``linger`` for the queue to fill, but never above priority 0, then for a
 slot of the runner's limiter, takes up to ``size`` units, hands the lead to the next waiting call,
 and runs the units it took as one batch on that slot. So several batches of one queue are in flight
 at once, each under the runner's limit, and while every slot is busy the queue fills: the busier
 the runner, the fuller its batches, also with ``linger=0``.
 
-A call cancelled before its unit was taken withdraws it: it never runs. A leader cancelled while its
-batch runs rolls that batch back, as any cancelled run does, and puts the other callers' units back
-at the head of the queue, where the next leader takes them: they are not lost.
+A call cancelled before its unit was taken withdraws it: it never runs. A call cancelled while its
+batch runs withdraws its unit too: the batch fails before its COMMIT, and ``batches.py`` runs the
+other units again without it. A leader cancelled while its batch runs rolls that batch back, as any
+cancelled run does, and puts the other callers' units back at the head of the queue, where the next
+leader takes them: they are not lost.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from .limiter import Limiter, Slot
 if TYPE_CHECKING:
     from .._outcome import Outcome
 
-    #: Runs the units at ``priority`` as one batch on the slot, handing each outcome (indexed by
-    #: position) to the callback as it settles. Only for the type checker: ``Outcome[Any]`` built
-    #: at import would name ``Outcome`` by its private module in the runners' signatures (Sphinx).
-    RunBatch = Callable[[list[Any], int, Callable[[Outcome[Any]], None], Slot], Awaitable[None]]
+    #: Runs the units at ``priority`` as one batch on the slot, handing each outcome, indexed by
+    #: position, to the callback as it settles. The positions in the set are withdrawn meanwhile.
+    #: Only for the type checker: ``Outcome[Any]`` built at import would name ``Outcome`` by its
+    #: private module in the runners' signatures that Sphinx shows.
+    RunBatch = Callable[[list[Any], int, Callable[[Outcome[Any]], None], Slot, set[int]], Awaitable[None]]
 
 __all__ = ["Gather", "TakenSlot"]
 
@@ -46,13 +49,16 @@ class TakenSlot(Slot):
 class _Call:
     """One waiting ``submit()``."""
 
-    __slots__ = ("outcome", "taken", "unit", "woken")
+    __slots__ = ("outcome", "position", "taken", "unit", "withdrawn", "woken")
 
     def __init__(self, unit: Any) -> None:
         self.unit = unit
         self.outcome: Outcome[Any] | None = None
-        #: In a batch that runs now (or ran): no longer in the queue.
+        #: In a batch that runs now or ran: no longer in the queue.
         self.taken = False
+        #: Once taken: its position in its batch, and the batch's set of withdrawn positions.
+        self.position = -1
+        self.withdrawn: set[int] = set()
         self.woken = anyio.Event()
 
     def wake(self) -> None:
@@ -88,7 +94,7 @@ class Gather:
         self._closing = False
 
     async def submit(self, unit: Any, priority: int) -> Outcome[Any]:
-        """Run ``unit`` in a batch with other calls' units; its own outcome."""
+        """Run ``unit`` in a batch with other calls' units, and return its own outcome."""
         queue = self._queues.get(priority)
         if queue is None:
             queue = self._queues[priority] = _Queue()
@@ -108,6 +114,8 @@ class Gather:
             if not call.taken:
                 queue.calls.remove(call)  # never started: it never runs
                 queue.hand_over()
+            elif call.outcome is None:  # its batch runs: it fails the batch before the COMMIT
+                call.withdrawn.add(call.position)
             raise
         return call.outcome
 
@@ -130,8 +138,9 @@ class Gather:
             await slot.take()  # meanwhile, more calls may queue: they join this batch
             taken = queue.calls[: self._size]
             del queue.calls[: self._size]
-            for call in taken:
-                call.taken = True
+            withdrawn: set[int] = set()
+            for position, call in enumerate(taken):
+                call.taken, call.position, call.withdrawn = True, position, withdrawn
         except BaseException:
             slot.give()
             raise
@@ -143,7 +152,7 @@ class Gather:
             taken[outcome.index].outcome = outcome
 
         try:
-            await self._run_batch([call.unit for call in taken], priority, settled, slot)
+            await self._run_batch([call.unit for call in taken], priority, settled, slot, withdrawn)
         finally:
             slot.give()  # if the run never began
             unsettled = [call for call in taken if call.outcome is None and call is not me]

@@ -4,12 +4,12 @@ The Limiter: the one object that grants slots and takes them back.
 A slot is the right to hold one connection for one unit. Every runner has one limiter, shared by
 all its calls, so ``limit`` bounds the runner's connections. Invariants:
 
-- ``in_flight <= limit`` at every moment, also while the limit moves: a raised limit grants
-  waiters at once; a lowered one grants nothing more and steps down as slots come back.
+- ``in_flight <= limit`` at every moment, also while the limit moves. A raised limit grants
+  waiters at once, and a lowered one grants nothing more and steps down as slots come back.
 - A freed slot goes to the waiter of the highest priority, first come first served within one.
-- Work of priority 0 or below holds at most ``limit - reserve`` slots; a reserved slot is never
+- Work of priority 0 or below holds at most ``limit - reserve`` slots. A reserved slot is never
   lent, not even while it sits idle.
-- :meth:`Limiter.acquire` and :meth:`Limiter.release` belong to the runner's event loop; any
+- :meth:`Limiter.acquire` and :meth:`Limiter.release` belong to the runner's event loop. Any
   thread may read the figures: ``limit``, ``in_flight``, :meth:`~Limiter.statistics` and
   :meth:`~Limiter.should_yield`.
 """
@@ -50,8 +50,8 @@ class Limiter:
         #: Slots held by priority 0 and below: the work the reserve is kept from.
         self._shared = 0
         self._held: Counter[int] = Counter()
-        # (-priority, arrival, waiter); a waiter that gave up stays in the heap, ungranted and
-        # marked by ``_gone``, until it reaches the top.
+        # Entries are ``(-priority, arrival, waiter)``. A waiter that gave up stays in the heap,
+        # ungranted and marked by ``_gone``, until it reaches the top.
         self._heap: list[tuple[int, int, _Waiter]] = []
         self._gone: set[_Waiter] = set()
         self._arrivals = itertools.count()
@@ -113,7 +113,7 @@ class Limiter:
             return False
 
     async def acquire(self, priority: int = 0) -> None:
-        """Take a slot, waiting for one if none is free; a free one costs no trip through the loop."""
+        """Take a slot, waiting for one if none is free. A free one costs no trip through the loop."""
         if self.try_acquire(priority):
             return
         waiter = _Waiter(priority)
@@ -135,7 +135,7 @@ class Limiter:
             raise
 
     def release(self, priority: int = 0) -> None:
-        """Give back a slot taken at ``priority``, and wake the waiters that may have one now; on the loop."""
+        """Give back a slot taken at ``priority``, and wake the waiters that may have one now. On the loop."""
         with self._lock:
             self._in_flight -= 1
             self._held[priority] -= 1
@@ -148,7 +148,7 @@ class Limiter:
             waiter.event.set()
 
     def set_limit(self, limit: int) -> None:
-        """Move the limit to ``limit``, at least 1: up at once, down as slots come back; on the loop."""
+        """Move the limit to ``limit``, at least 1: up at once, down as slots come back. On the loop."""
         with self._lock:
             self._target = limit
             self._limit = limit if limit >= self._limit else max(limit, self._in_flight)
@@ -169,14 +169,14 @@ class Limiter:
             self._shared += 1
 
     def _ahead(self, priority: int) -> bool:
-        """Whether a live waiter of ``priority`` or higher is queued; call it under the lock."""
+        """Whether a live waiter of ``priority`` or higher is queued. Call it under the lock."""
         heap = self._heap
         while heap and heap[0][2] in self._gone:
             self._gone.discard(heapq.heappop(heap)[2])
         return bool(heap) and -heap[0][0] >= priority
 
     def _grant(self) -> list[_Waiter]:
-        """Hand free slots to the waiters at the head of the queue; call it under the lock."""
+        """Hand free slots to the waiters at the head of the queue. Call it under the lock."""
         woken: list[_Waiter] = []
         heap = self._heap
         while heap:

@@ -61,7 +61,7 @@ RETRY: Final = Served.RETRY
 
 
 class Worker:
-    """One of a run's workers; executors add what they need to stop one."""
+    """One of a run's workers. Executors add what they need to stop one."""
 
     __slots__ = ("retry", "slot")
 
@@ -86,12 +86,12 @@ class Team(Protocol[WorkerT]):
         ...
 
     def spawn(self, worker: WorkerT, body: Body[WorkerT]) -> None:
-        """Start one more worker (not once the run is cancelled)."""
+        """Start one more worker, unless the run is cancelled."""
         ...
 
 
 class Executor(Protocol[WorkerT]):
-    """How units run: the seam between the core and a kind of session (async, or in threads)."""
+    """How units run: the seam between the core and a kind of session, async or in threads."""
 
     def check(self, unit: object, index: int) -> str | None:
         """What is wrong with ``unit`` for this executor, or ``None``."""
@@ -102,7 +102,7 @@ class Executor(Protocol[WorkerT]):
     def team(self, run: Run[Any]) -> Team[WorkerT]: ...
 
     async def serve(self, run: Run[Any], worker: WorkerT, wait_s: float) -> Served:
-        """Run units while ``worker`` holds its slot; say how the turn ended."""
+        """Run units while ``worker`` holds its slot, and say how the turn ended."""
         ...
 
     async def attempt(self, worker: WorkerT, unit: Any, index: int) -> Any:
@@ -116,7 +116,7 @@ async def serve_one(
     """
     Pull one unit and attempt it once: an executor's ``serve``, one unit at a time.
 
-    Bind the first two arguments (``functools.partial``): every await between a worker and its unit
+    Bind the first two arguments with ``functools.partial``: every await between a worker and its unit
     is paid again each time the unit waits for the database, so this is the only one.
     """
     pulled = run.pull_sync() if run.pulls_sync else await run.pull()
@@ -141,13 +141,13 @@ async def serve_one(
 class Pacer(Protocol):
     """What a worker does between two units."""
 
-    #: Whether a unit to be retried is handed to a worker of its own (else retried in place).
+    #: Whether a unit to be retried is handed to a worker of its own, rather than retried in place.
     hands_off_retries: bool
-    #: ``None`` for no pause between units (the sliding window), else the pause.
+    #: The pause between units, or ``None`` for none, as in the sliding window.
     between: Callable[[], Awaitable[None]] | None
 
     def leave(self) -> None:
-        """A worker is done (the input ran out, or the run stopped)."""
+        """A worker is done: the input ran out, or the run stopped."""
         ...
 
 
@@ -190,7 +190,7 @@ class Chunks:
         released.set()
 
 
-#: How often a run with an auto limit has its controller look at the latest latencies (seconds).
+#: How often, in seconds, a run with an auto limit has its controller look at the latest latencies.
 ADJUST_INTERVAL_S = 0.02
 
 
@@ -213,13 +213,13 @@ class _Drive:
         self.limiter = limiter
         self.controller = controller
         self.team = executor.team(run)
-        #: Workers started and not yet done (retry carriers aside; set by drive()), and whether one
-        #: found the input exhausted.
+        #: Workers started and not yet done, retry carriers aside, and whether one found the input
+        #: exhausted. ``drive()`` sets them.
         self.live = 0
         self.exhausted = False
 
     async def adjust_forever(self) -> None:
-        """With an auto limit: let the controller move the limit; add workers when it rises."""
+        """With an auto limit: let the controller move the limit, and add workers when it rises."""
         assert self.controller is not None
         adjust, limiter, run = self.controller.adjust, self.limiter, self.run
         while True:
@@ -231,7 +231,7 @@ class _Drive:
                 self.team.spawn(self.executor.worker(Slot(limiter, run.priority)), self.work)
 
     async def work(self, worker: Any) -> None:
-        """A worker's life: take a slot, have units served, give it back, pace; until the input runs out."""
+        """A worker's life until the input runs out: take a slot, have units served, give it back, pace."""
         run, serve, pacer = self.run, self.executor.serve, self.pacer
         slot, window, between = worker.slot, run.window, pacer.between
         auto, limiter = self.controller is not None, self.limiter
@@ -296,9 +296,10 @@ async def drive(
     slot: Slot | None = None,
 ) -> None:
     """
-    Run every unit of ``run`` with ``workers`` workers, beside the loop-lag ticker (and the
-    controller's, the feedback's and the task that reads an async input ahead, if any). ``slot``,
-    if given, is the first worker's.
+    Run every unit of ``run`` with ``workers`` workers, beside the loop-lag ticker.
+
+    The controller's ticker, the feedback's and the task that reads an async input ahead run beside
+    them too, if there are any. ``slot``, if given, is the first worker's.
 
     The workers run in a child task, not in the caller's: cancelled together with the ticker when
     the caller is — by a cancel scope, but also by a native ``Task.cancel()``,

@@ -1,4 +1,9 @@
-"""What a run measures as it goes: counts, latencies, units in flight, loop lag; and the null recorder."""
+"""
+The recorders of a run's figures, from which :class:`~boundeddb.RunStats` is made.
+
+A :class:`Recorder` counts units, latencies and units in flight as the run goes, beside the loop-lag
+ticker. :class:`NullRecorder` records nothing, and :class:`Totals` adds up a runner's runs.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ LOOP_LAG_INTERVAL_S = 0.005
 
 
 class CheckoutPeak(Protocol):
-    """The peak number of connections checked out while a run lasted (the executor layer's gauge)."""
+    """The executor layer's gauge: the peak number of connections checked out while a run lasted."""
 
     @property
     def peak(self) -> int: ...
@@ -77,7 +82,7 @@ class NullRecorder:
 
 
 class Recorder(NullRecorder):
-    """Per-run counters, filled from the per-unit path (worker threads included, hence the lock)."""
+    """Per-run counters, filled from the per-unit path. Worker threads fill them too, hence the lock."""
 
     __slots__ = (
         "_lock",
@@ -153,7 +158,7 @@ class Recorder(NullRecorder):
                 self.peak_in_flight = self.in_flight
 
     def batch_committed(self) -> None:
-        """A batch's transaction committed (``batch=``)."""
+        """A ``batch=`` transaction committed."""
         with self._lock:
             self.batches_committed += 1
 
@@ -163,11 +168,11 @@ class Recorder(NullRecorder):
             self.units_rerun += units
 
     def close(self) -> None:
-        """Stop tracking the pool's checkouts (idempotent; also done by :meth:`finish`)."""
+        """Stop tracking the pool's checkouts. Idempotent: :meth:`finish` does it too."""
         self.checkouts.close()
 
     def finish(self, **limits: Any) -> RunStats:
-        """The run's figures; ``limits`` are its ``limit_*`` fields (see :class:`~boundeddb.RunStats`)."""
+        """The run's figures. ``limits`` are its ``limit_*`` fields of :class:`~boundeddb.RunStats`."""
         elapsed = perf_counter() - self.started
         self.close()
         ordered = sorted(self.latencies)
@@ -210,7 +215,7 @@ class Totals:
         self._counts: list[float] = [0] * len(_COUNTED)
 
     def follow(self, recorder: Recorder) -> None:
-        """Count ``recorder``'s run while it lasts (then :meth:`merge` it)."""
+        """Count ``recorder``'s run while it lasts, until :meth:`merge`."""
         with self._lock:
             self._live.add(recorder)
 
@@ -221,7 +226,7 @@ class Totals:
             self._add([getattr(recorder, name) for name in _COUNTED])
 
     def add(self, outcome: Outcome[object]) -> None:
-        """One unit settled outside any recorded run (``submit()``)."""
+        """One unit settled outside any recorded run, by ``submit()``."""
         failed = outcome.error is not None
         with self._lock:
             self._add(

@@ -1,9 +1,9 @@
 """
-One call's run of units: ``run()``, ``map()``, ``stream()`` or ``submit()``, and where its outcomes go.
+One call's run of units, whichever verb made it, and where its outcomes go.
 
-A :class:`Run` owns what a call's workers share: the input, pulled one unit at a time with one index
-each; each unit's check; the :class:`Sink` its outcomes go to; when to stop starting units; and what
-to raise at the end.
+A :class:`Run` owns what a call's workers share. It pulls the input one unit at a time, with one
+index each, and checks each unit. It sends the outcomes to a :class:`Sink`, knows when to stop
+starting units, and knows what to raise at the end.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class Pulled(enum.Enum):
 END: Final = Pulled.END
 REFUSED: Final = Pulled.REFUSED
 
+#: No unit withdrawn: shared by every run that is not a batch of ``submit()`` calls, never written.
+_NONE_WITHDRAWN: Final[set[int]] = set()
+
 #: Checks a unit before it runs: ``None`` if it is fine, else what is wrong and how to fix it.
 UnitCheck = Callable[[object, int], "str | None"]
 
@@ -49,7 +52,7 @@ SinkT = TypeVar("SinkT", bound=Sink)
 
 
 class Run(Generic[SinkT]):
-    """What one call shares between its workers; see the module docstring."""
+    """What one call shares between its workers. See the module docstring."""
 
     def __init__(
         self,
@@ -69,12 +72,12 @@ class Run(Generic[SinkT]):
     ) -> None:
         self.sink = sink
         self._put: Callable[[Outcome[Any]], None] = sink.put
-        #: The caller's ``on_outcome``, served on the loop; None if not asked, and then nothing per unit.
+        #: The caller's ``on_outcome``, served on the loop. None if not asked, and then nothing per unit.
         self.hook: OutcomeHook | None = None
         if on_outcome is not None:
             self.hook = hook = OutcomeHook(on_outcome, self.stop)
             self._put = _also(self._put, hook.put)
-        #: ``boundeddb.instrument()``'s view of this call; None when not instrumented.
+        #: ``boundeddb.instrument()``'s view of this call, or None when not instrumented.
         self.telemetry = telemetry
         if telemetry is not None:  # boundeddb.instrument(): else nothing more per unit
             self._put = _also(self._put, telemetry.settled)
@@ -91,6 +94,8 @@ class Run(Generic[SinkT]):
         self._stop_on_failure = stop_on_failure
         #: Start no more units: a failure with errors="raise", misuse, a failed input, or cancellation.
         self.stopping = False
+        #: With ``batch=``: indexes of units whose ``submit()`` was cancelled, set by ``gather.py``.
+        self.withdrawn: set[int] = _NONE_WITHDRAWN
         self.misuse: UnitMisuseError | None = None
         self.input_error: BaseException | None = None
         self._next_index = 0
@@ -104,7 +109,7 @@ class Run(Generic[SinkT]):
             self._async_iterator = aiter(units)
         else:
             self._iterator = iter(units)
-        #: How many units the input holds if it has a ``len()``, else inf; ``map()`` passes its items'.
+        #: How many units the input holds if it has a ``len()``, else inf. ``map()`` passes its items'.
         self.size = size if size is not None else len(units) if isinstance(units, Sized) else math.inf
 
     @property
@@ -120,7 +125,7 @@ class Run(Generic[SinkT]):
     # -- pulling ------------------------------------------------------------------------------------
 
     def pull_sync(self) -> tuple[Any, int] | Pulled:
-        """The next ``(unit, index)`` of a plain iterable, or :class:`Pulled`; any thread may call it."""
+        """The next ``(unit, index)`` of a plain iterable, or :class:`Pulled`. Any thread may call it."""
         with self._pull_lock:
             if self.stopping:
                 return END
@@ -160,14 +165,14 @@ class Run(Generic[SinkT]):
 
     async def pull_before(self, deadline: float) -> tuple[Any, int] | Pulled | None:
         """
-        As :meth:`pull`, or ``None`` if no unit came by ``deadline`` (``anyio.current_time()``).
+        As :meth:`pull`, or ``None`` if no unit came by ``deadline`` on ``anyio.current_time()``.
 
         For an async input, only once :meth:`read_ahead`'s task runs: an ``anext()`` is never
         interrupted, only the wait for what that task pulled.
         """
         ahead = self._ahead
         if ahead is not None and ahead.ready:
-            # Pulled ahead already: take it now, even at a deadline that has passed (linger=0). The
+            # Pulled ahead already: take it now, even at a deadline that has passed, as with linger=0. The
             # lock serializes only waits: taking a unit and numbering it never yield.
             if self.stopping:
                 return END
@@ -182,7 +187,7 @@ class Run(Generic[SinkT]):
     def read_ahead(self, capacity: int) -> Callable[[], Coroutine[Any, Any, None]] | None:
         """
         Have an async input pulled ahead, at most ``capacity`` units, by a task running the returned
-        function, so that :meth:`pull_before` can give up waiting; ``None`` for a plain iterable.
+        function, so that :meth:`pull_before` can give up waiting. ``None`` for a plain iterable.
         """
         if self._async_iterator is None:
             return None
@@ -199,20 +204,20 @@ class Run(Generic[SinkT]):
         return REFUSED
 
     def _admit_wrapped(self, unit: Any, index: int) -> tuple[Any, int] | Pulled:
-        """As :meth:`_admit`, the unit wrapped (in its telemetry span) once it passed its check."""
+        """As :meth:`_admit`, the unit wrapped in its telemetry span once it passed its check."""
         admitted = Run._admit(self, unit, index)
         if admitted.__class__ is tuple:
             return self._wrap(unit, index), index
         return admitted
 
     def stop(self) -> None:
-        """Start no more units; any thread may call it."""
+        """Start no more units. Any thread may call it."""
         self.stopping = True
 
     # -- outcomes ----------------------------------------------------------------------------------
 
     def finish(self, outcome: Outcome[Any]) -> None:
-        """Record and deliver a unit's outcome, and stop starting units if the run must; from any thread."""
+        """Record and deliver a unit's outcome, and stop starting units if the run must. From any thread."""
         self.recorder.unit_finished(outcome)
         error = outcome.error
         if error is None:

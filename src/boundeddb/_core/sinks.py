@@ -1,4 +1,8 @@
-"""Where a run's outcomes go: a list by index, one value, a callback, or a stream to the consumer."""
+"""
+The sinks a run's outcomes go to, one for each way a call hands them back.
+
+They go to a list by index, to one value, to a callback, or in a stream to the consumer.
+"""
 
 from __future__ import annotations
 
@@ -56,10 +60,11 @@ class ValueSink:
 
 class CallbackSink:
     """
-    A ProcessRunner worker's call: each outcome to a callback on the loop as it settles; none kept.
+    A ProcessRunner worker's call: each outcome to a callback on the loop as it settles, none kept.
 
-    Unlike ``stream()``, no window and no memory stream stand between the run and the consumer:
-    the worker's feed of units holds back by itself (each unit takes a place of the worker's gate).
+    Unlike ``stream()``, no window and no memory stream stand between the run and the consumer.
+    The worker's feed of units holds back by itself, because each unit takes a place of the
+    worker's gate.
     """
 
     thread_safe = False
@@ -70,7 +75,7 @@ class CallbackSink:
 
 class StreamSink:
     """
-    ``stream()``: outcomes to the consumer as they come, on the loop; failures kept for the end.
+    ``stream()``: outcomes to the consumer as they come, on the loop, and failures kept for the end.
 
     At most ``lookahead`` units are pulled and not yet consumed: the run takes a place of
     :attr:`window` before it pulls a unit, and :meth:`next` gives one back for each outcome.
@@ -84,12 +89,12 @@ class StreamSink:
         self.failures: list[Outcome[Any]] = []
 
     async def produce(self, drive: Callable[[], Awaitable[None]]) -> None:
-        """Run ``drive()``, the run's workers; the stream ends with it."""
+        """Run ``drive()``, the run's workers. The stream ends with it."""
         async with self._send:
             await drive()
 
     async def next(self) -> Outcome[Any] | None:
-        """The next outcome, or None once the producer is done (see :func:`next_outcome`)."""
+        """The next outcome, or None once the producer is done. See :func:`next_outcome`."""
         outcome = await next_outcome(self._receive)
         if outcome is not None:
             self.window.release()
@@ -103,7 +108,7 @@ class StreamSink:
     def put(self, outcome: Outcome[Any]) -> None:
         if outcome.error is not None:
             self.failures.append(outcome)
-        # The window keeps the buffer within its size; the consumer may have stopped listening.
+        # The window keeps the buffer within its size. The consumer may have stopped listening.
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._send.send_nowait(outcome)
 

@@ -3,7 +3,7 @@ What the auto limit measures: unit latencies gathered into windows, and each win
 
 By Little's law, a window's throughput is its mean units in flight over its latency. A window whose
 units did not fill the limit has none, and the latencies of units that ran at an old limit or warmed
-up a new connection are left out; see "Windows" in ``docs/explanation/auto-limit-controller.md``.
+up a new connection are left out. See "Windows" in ``docs/explanation/auto-limit-controller.md``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ __all__ = ["Windows"]
 
 #: Fewest latencies in a window, or twice the limit if that is more.
 MIN_SAMPLES = 32
-#: A window lasts at least this long (seconds): fewer, steadier decisions on fast units.
+#: A window lasts at least this many seconds: fewer, steadier decisions on fast units.
 MIN_WINDOW_S = 0.1
-#: A climb's windows: at least this many latencies (more: twice the limit) and this long (its
-#: steps are coarse: a doubling that pays shows as a third more throughput).
+#: A climb's windows: at least this many latencies, or twice the limit if that is more, and this
+#: long. Its steps are coarse: a doubling that pays shows as a third more throughput.
 CLIMB_SAMPLES, CLIMB_WINDOW_S = 16, 0.1
 #: A window closes after this long if it has at least MIN_WINDOW_SAMPLES latencies.
 MAX_WINDOW_S = 1.0
@@ -34,7 +34,7 @@ WARM_UP = 4
 
 
 class Windows:
-    """The latencies units report, gathered into windows; see the module docstring."""
+    """The latencies units report, gathered into windows. See the module docstring."""
 
     def __init__(self, limiter: Limiter, initial: int) -> None:
         self._limiter = limiter
@@ -50,7 +50,7 @@ class Windows:
         self.closed = 0
 
     def observe(self, latency_s: float) -> None:
-        """A unit's attempt succeeded after ``latency_s`` seconds; any thread, while it holds its slot."""
+        """A unit's attempt succeeded after ``latency_s`` seconds. Any thread, while it holds its slot."""
         in_flight = self._limiter.in_flight
         with self._lock:
             self._samples.append(latency_s)
@@ -62,7 +62,7 @@ class Windows:
         self._opened = max(self._opened, limit)
 
     def restart(self, now: float) -> None:
-        """Drop what the window holds; a new one starts at ``now``."""
+        """Drop what the window holds. A new one starts at ``now``."""
         self._take(now)
 
     def close(self, now: float, *, climbing: bool) -> tuple[bool, float | None]:
@@ -99,7 +99,7 @@ class Windows:
         return samples, loads
 
     def _leave_out(self, now: float) -> None:
-        """Drop the latencies to skip as they come, since old units finish first; the window starts after."""
+        """Drop the latencies to skip as they come, since old units finish first. The window starts after."""
         with self._lock:
             dropped = min(self.skip, len(self._samples))
             del self._samples[:dropped]

@@ -1,9 +1,9 @@
 """
 Every database- and driver-specific fact, one module per database, chosen by ``engine.dialect.name``.
 
-A module here defines ``DIALECT`` (a :class:`~boundeddb._dialects.base.Dialect`) and ``NAMES``
-(the ``engine.dialect.name`` values it serves); it is found by looking, so adding a database
-means adding its module and nothing else.
+A module here defines ``DIALECT``, a :class:`~boundeddb._dialects.base.Dialect`, and ``NAMES``,
+the ``engine.dialect.name`` values it serves. The package finds its modules by looking, so adding a
+database means adding its module and nothing else.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ GENERIC = Dialect()
 
 
 def for_name(name: str) -> Dialect:
-    """The dialect for ``engine.dialect.name`` (the generic one for a database without a module)."""
+    """The dialect for ``engine.dialect.name``, or the generic one for a database without a module."""
     return _registry().get(name, GENERIC)
 
 
 @functools.cache
 def all_dialects() -> tuple[Dialect, ...]:
-    """Every known dialect once (for :func:`boundeddb.is_transient`, which sees no engine)."""
+    """Every known dialect once, for :func:`boundeddb.is_transient`, which sees no engine."""
     return tuple(dict.fromkeys(_registry().values()))

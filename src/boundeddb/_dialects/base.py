@@ -1,5 +1,5 @@
 """
-What boundeddb needs to know of a database and its drivers; the answers for a database it does not know.
+What boundeddb needs to know of a database and its drivers, with the answers for an unknown one.
 
 Each module of this package describes one database: a :class:`Dialect` subclass named ``DIALECT``,
 and ``NAMES``, the ``engine.dialect.name`` values it serves. The defaults here assume
@@ -118,7 +118,7 @@ class Dialect:
 
     # -- verifying commits: verify_commits=True ----------------------------------------------------
 
-    #: SQL that returns the current transaction's id as text, or ``NULL`` if it wrote nothing yet;
+    #: SQL that returns the current transaction's id as text, or ``NULL`` if it wrote nothing yet.
     #: ``None`` where the database cannot be asked afterwards what became of a transaction whose
     #: connection was lost, so that ``verify_commits=True`` is refused.
     current_xid_sql: str | None = None
@@ -132,7 +132,7 @@ class Dialect:
         return {}
 
     def check_engine(self, engine: Any) -> None:
-        """Raise :class:`ValueError` for an engine where a unit cannot be one transaction; none here."""
+        """Raise :class:`ValueError` for an engine where a unit cannot be one transaction. Here, none."""
 
     # -- stopping statements ------------------------------------------------------------------------
 
@@ -140,7 +140,7 @@ class Dialect:
     stops_statements = False
 
     def prepare_engine(self, engine: Any) -> None:
-        """Set up what this database needs on a runner's engine, once per pool; nothing by default."""
+        """Set up what this database needs on a runner's engine, once per pool. Nothing by default."""
 
     def statement_timeout_sql(self, timeout: float) -> str | None:
         """SQL that makes the server stop any statement of this transaction after ``timeout`` s, if any."""
@@ -160,7 +160,7 @@ class Dialect:
             self.cancel_statement(dbapi_connection)
 
     def _call_cancel(self, dbapi_connection: Any, *methods: str) -> None:
-        """Call the first of ``methods`` the DBAPI connection has; the unit may have just finished."""
+        """Call the first of ``methods`` the DBAPI connection has. The unit may have just finished."""
         for method in methods:
             cancel = getattr(dbapi_connection, method, None)
             if cancel is not None:
@@ -169,3 +169,16 @@ class Dialect:
                 except Exception as error:
                     logger.debug("cancelling a unit's statement failed: %s", type(error).__qualname__)
                 return
+
+    # -- discarded connections ---------------------------------------------------------------------
+
+    def ending_connections(self, url: Any) -> bool:
+        """
+        Whether connections discarded from an engine on ``url`` are still being ended on the server
+        from another thread, as MySQL's ``KILL CONNECTION`` does. Never here: a closed connection ends
+        at once.
+        """
+        return False
+
+    def wait_connections_ended(self, url: Any) -> None:
+        """Block until :meth:`ending_connections` is over for ``url``, for at most a few seconds."""

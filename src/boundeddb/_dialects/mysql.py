@@ -1,10 +1,13 @@
 """
-MySQL and MariaDB: transient errors, lost connections, and stopping a statement on the server.
+The MySQL and MariaDB dialect, for aiomysql, asyncmy, pymysql and mysqlclient.
 
-The drivers are aiomysql, asyncmy, pymysql and mysqlclient. A MySQL server goes on running a
-statement whose client went away, so a statement is stopped with ``KILL QUERY <id>`` from a
-short-lived side connection: when the pool invalidates a connection, and for a cancelled run's
-threads. The server's id of each connection is read when it is made, because mysqlclient refuses
+It tells transient errors and lost connections, and stops statements on the server. A MySQL server
+goes on running a statement whose client went away, with its transaction open, so a short-lived
+side connection stops it. It sends ``KILL QUERY <id>`` for a cancelled run's threads, and
+``KILL CONNECTION <id>`` when the pool invalidates a connection, which also rolls back its
+transaction at once. A cancelled run waits until the server has ended the connections it
+discarded, in :meth:`MySQL.wait_connections_ended`.
+The server's id of each connection is read when it is made, because mysqlclient refuses
 any call on a connection while another thread runs a statement on it. :meth:`MySQL.check_engine`
 refuses an ``autocommit`` in the engine's URL.
 ``docs/how-to/mysql.md`` tells the drivers' behaviours these guard against.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -31,8 +35,8 @@ logger = logging.getLogger("boundeddb.dialects")
 NAMES = ("mysql", "mariadb")
 
 #: MySQL/MariaDB error numbers that mean "the same transaction may well succeed if run again".
-#: A deadlock (1213) rolls the whole transaction back; a lock wait timeout (1205) only the statement,
-#: but the runner rolls back the whole unit before it retries it.
+#: A deadlock, 1213, rolls the whole transaction back. A lock wait timeout, 1205, rolls back only the
+#: statement, but the runner rolls back the whole unit before it retries it.
 TRANSIENT_ERRNOS = frozenset(
     {
         1213,  # ER_LOCK_DEADLOCK
@@ -43,7 +47,7 @@ TRANSIENT_ERRNOS = frozenset(
 LOST_ERRNOS = frozenset(
     {
         1053,  # ER_SERVER_SHUTDOWN
-        1927,  # ER_CONNECTION_KILLED (MariaDB)
+        1927,  # ER_CONNECTION_KILLED, on MariaDB
         2003,  # CR_CONN_HOST_ERROR: cannot connect
         2006,  # CR_SERVER_GONE_ERROR
         2013,  # CR_SERVER_LOST
@@ -52,16 +56,21 @@ LOST_ERRNOS = frozenset(
 )
 #: ER_NO_SUCH_THREAD: the statement's connection is already gone, nothing to kill.
 NO_SUCH_THREAD = 1094
+#: The most seconds the end of a discarded connection on the server is waited for, by the thread
+#: that kills it and by a cancelled run.
+END_WAIT_S = 5.0
+#: How often, in seconds, that thread asks whether the server has ended the connection.
+_END_POLL_S = 0.005
 
 
 def errno(error: BaseException | None) -> object:
-    """The error number of a MySQL driver error (its first argument), or ``None``."""
+    """The error number of a MySQL driver error, which is its first argument, or ``None``."""
     args: tuple[object, ...] = getattr(error, "args", ())
     return args[0] if args else None
 
 
 def server_thread_id(dbapi_connection: Any) -> int | None:
-    """The server's id of a DBAPI connection (pymysql, aiomysql and asyncmy keep it from the handshake)."""
+    """The server's id of a DBAPI connection. pymysql, aiomysql and asyncmy keep it from the handshake."""
     raw = getattr(dbapi_connection, "driver_connection", dbapi_connection)  # SQLAlchemy's async adapters
     ident = getattr(raw, "server_thread_id", None)
     if isinstance(ident, tuple) and ident:
@@ -73,7 +82,11 @@ def server_thread_id(dbapi_connection: Any) -> int | None:
 
 
 def _thread_id_now(dbapi_connection: Any) -> int | None:
-    """:func:`server_thread_id`, or ``None`` if the driver will not say now (mysqlclient, busy elsewhere)."""
+    """
+    :func:`server_thread_id`, or ``None`` if the driver will not say now.
+
+    mysqlclient will not while another thread runs a statement on the connection.
+    """
     try:
         return server_thread_id(dbapi_connection)
     except Exception as error:
@@ -81,16 +94,13 @@ def _thread_id_now(dbapi_connection: Any) -> int | None:
         return None
 
 
-def kill_queries(url: URL, thread_ids: Sequence[int]) -> None:
-    """
-    ``KILL QUERY`` each of ``thread_ids`` from one new pymysql connection to ``url``'s server (opening
-    it is most of the cost: tens of milliseconds on a busy server); failures are logged.
-    """
+def _side_connection(url: URL, what: str, thread_ids: Sequence[int]) -> Any:
+    """A new pymysql connection to ``url``'s server, or ``None``, logged, if it cannot be opened."""
     try:
         import pymysql  # type: ignore[import-untyped,unused-ignore]
     except ImportError:  # pragma: no cover - the mysql extra installs it
         logger.warning("MySQL: cannot stop a statement on the server without pymysql (boundeddb[mysql])")
-        return
+        return None
     options: dict[str, Any] = {
         "host": url.host or "localhost",
         "port": url.port or 3306,
@@ -101,27 +111,76 @@ def kill_queries(url: URL, thread_ids: Sequence[int]) -> None:
     if socket := url.query.get("unix_socket"):
         options["unix_socket"] = socket
     try:
-        connection = pymysql.connect(**options)
+        return pymysql.connect(**options)
     except Exception as error:
-        logger.warning("MySQL: KILL QUERY %s failed: %s", ", ".join(map(str, thread_ids)), error)
+        logger.warning("MySQL: %s %s failed: %s", what, ", ".join(map(str, thread_ids)), error)
+        return None
+
+
+def _kill(cursor: Any, what: str, thread_id: int) -> None:
+    """
+    Send ``what``, ``KILL QUERY`` or ``KILL CONNECTION``, for ``thread_id``.
+
+    A failure is logged, unless the connection is already gone.
+    """
+    try:
+        cursor.execute(f"{what} {int(thread_id)}")
+    except Exception as error:
+        if errno(error) != NO_SUCH_THREAD:
+            logger.warning("MySQL: %s %d failed: %s", what, thread_id, error)
+    else:
+        logger.debug("MySQL: %s %d sent", what, thread_id)
+
+
+def kill_queries(url: URL, thread_ids: Sequence[int]) -> None:
+    """
+    ``KILL QUERY`` each of ``thread_ids`` from one new pymysql connection to ``url``'s server.
+
+    Opening that connection is most of the cost: tens of milliseconds on a busy server. Failures are
+    logged.
+    """
+    connection = _side_connection(url, "KILL QUERY", thread_ids)
+    if connection is None:
         return
     try:
         with connection.cursor() as cursor:
             for thread_id in thread_ids:
-                try:
-                    cursor.execute(f"KILL QUERY {int(thread_id)}")
-                except Exception as error:
-                    if errno(error) != NO_SUCH_THREAD:
-                        logger.warning("MySQL: KILL QUERY %d failed: %s", thread_id, error)
-                else:
-                    logger.debug("MySQL: KILL QUERY %d sent", thread_id)
+                _kill(cursor, "KILL QUERY", thread_id)
     finally:
         connection.close()
 
 
-def kill_query(url: URL, thread_id: int) -> None:
-    """``KILL QUERY thread_id`` from a new pymysql connection to ``url``'s server; failures are logged."""
-    kill_queries(url, (thread_id,))
+def end_connection(url: URL, thread_id: int) -> None:
+    """
+    ``KILL CONNECTION thread_id`` from a new pymysql connection to ``url``'s server, then wait until the
+    server has ended it, at most :data:`END_WAIT_S`. Failures are logged.
+
+    A killed connection stays in the server's process list until its transaction is rolled back, so
+    one gone from the list holds no transaction. ``information_schema.innodb_trx`` would not do:
+    InnoDB refreshes it only once nobody has read it for 100 ms.
+    """
+    connection = _side_connection(url, "KILL CONNECTION", (thread_id,))
+    if connection is None:
+        return
+    deadline = time.monotonic() + END_WAIT_S
+    try:
+        with connection.cursor() as cursor:
+            _kill(cursor, "KILL CONNECTION", thread_id)
+            while _listed(cursor, thread_id):
+                if time.monotonic() > deadline:
+                    logger.warning("MySQL: connection %d not ended after %s s", thread_id, END_WAIT_S)
+                    return
+                time.sleep(_END_POLL_S)
+    except Exception as error:
+        logger.warning("MySQL: waiting for connection %d to end failed: %s", thread_id, error)
+    finally:
+        connection.close()
+
+
+def _listed(cursor: Any, thread_id: int) -> bool:
+    """Whether connection ``thread_id`` is in the server's process list."""
+    cursor.execute("SELECT COUNT(*) FROM information_schema.processlist WHERE id = %s", (thread_id,))
+    return bool(cursor.fetchone()[0])
 
 
 class MySQL(Dialect):
@@ -131,9 +190,11 @@ class MySQL(Dialect):
     def __init__(self) -> None:
         #: The URL of the engine each DBAPI connection came from, for the side connection.
         self._urls: weakref.WeakKeyDictionary[Any, URL] = weakref.WeakKeyDictionary()
-        #: Each DBAPI connection's server id, read when it was made (see the module docstring).
+        #: Each DBAPI connection's server id, read when it was made, as the module docstring tells.
         self._ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._prepared: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: The threads still ending discarded connections on the server, by their engine's URL.
+        self._enders: dict[URL, set[threading.Thread]] = {}
         self._lock = threading.Lock()
 
     def _is_lost(self, orig: BaseException) -> bool:
@@ -176,11 +237,53 @@ class MySQL(Dialect):
             if exception is STATEMENT_ENDED:  # a thread runner's discard: its statement has returned
                 return
             thread_id = self._thread_id(dbapi_connection)
-            if thread_id is not None:  # never block the caller (an event loop): a thread of its own
-                threading.Thread(target=kill_query, args=(url, thread_id), daemon=True).start()
+            if thread_id is not None:  # never block the caller, an event loop: a thread of its own
+                self._end_soon(url, thread_id)
 
         event.listen(engine.pool, "connect", on_connect)
         event.listen(engine.pool, "invalidate", on_invalidate)
+
+    def _end_soon(self, url: URL, thread_id: int) -> None:
+        """
+        End a discarded connection on the server, from a thread of its own.
+
+        The driver may have closed the socket in the middle of a statement, and the server goes on
+        running that statement with the transaction open: a lock wait, for up to
+        ``innodb_lock_wait_timeout``.
+        """
+
+        def end() -> None:
+            try:
+                end_connection(url, thread_id)
+            finally:
+                self._ended(url, ender)
+
+        ender = threading.Thread(target=end, name=f"boundeddb-end-{thread_id}", daemon=True)
+        with self._lock:  # before it starts: a cancelled run that looks next must find it
+            self._enders.setdefault(url, set()).add(ender)
+        try:
+            ender.start()
+        except BaseException:
+            self._ended(url, ender)
+            raise
+
+    def _ended(self, url: URL, ender: threading.Thread) -> None:
+        with self._lock:
+            enders = self._enders[url]
+            enders.discard(ender)
+            if not enders:
+                del self._enders[url]
+
+    def ending_connections(self, url: Any) -> bool:
+        with self._lock:
+            return url in self._enders
+
+    def wait_connections_ended(self, url: Any) -> None:
+        deadline = time.monotonic() + END_WAIT_S
+        with self._lock:
+            enders = [ender for ender in self._enders.get(url, ()) if ender.ident is not None]  # started
+        for ender in enders:
+            ender.join(max(0.0, deadline - time.monotonic()))
 
     def _thread_id(self, dbapi_connection: Any) -> int | None:
         known = self._ids.get(_key(dbapi_connection))
@@ -204,7 +307,7 @@ class MySQL(Dialect):
 
 
 def _key(dbapi_connection: Any) -> Any:
-    """The driver's own connection object (what a thread's unit sees as the DBAPI connection)."""
+    """The driver's own connection object, which a thread's unit sees as the DBAPI connection."""
     return getattr(dbapi_connection, "driver_connection", dbapi_connection)
 
 

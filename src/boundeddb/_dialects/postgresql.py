@@ -1,7 +1,8 @@
 """
-PostgreSQL: SQLSTATEs, lost connections, statement_timeout, cancel, and transaction status.
+The PostgreSQL dialect, for asyncpg, psycopg 3 and psycopg2.
 
-The drivers are asyncpg, psycopg 3 and psycopg2; the transaction status serves ``verify_commits``.
+It reads SQLSTATEs, tells a lost connection, sets ``statement_timeout`` and cancels statements.
+It also reads a transaction's status, which ``verify_commits`` needs.
 """
 
 from __future__ import annotations
@@ -22,23 +23,23 @@ TRANSIENT_SQLSTATES = frozenset(
     {
         "40001",  # serialization_failure
         "40P01",  # deadlock_detected
-        "57P01",  # admin_shutdown (pg_terminate_backend, a fast shutdown)
+        "57P01",  # admin_shutdown: pg_terminate_backend, or a fast shutdown
         "57P02",  # crash_shutdown
-        "57P03",  # cannot_connect_now (the server is starting up or shutting down)
+        "57P03",  # cannot_connect_now: the server is starting up or shutting down
     }
 )
 #: SQLSTATEs of a backend that is going away: the connection is lost.
 _SHUTDOWN_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
 #: SQLSTATE class 08: connection exceptions.
 _CONNECTION_EXCEPTION_CLASS = "08"
-#: query_canceled: PostgreSQL's answer to statement_timeout (and to a cancel request).
+#: query_canceled: PostgreSQL's answer to statement_timeout and to a cancel request.
 QUERY_CANCELED = "57014"
-#: psycopg 3's message for a connection whose socket is gone (``psycopg/waiting.py``).
+#: psycopg 3's message for a connection whose socket is gone, in ``psycopg/waiting.py``.
 _PSYCOPG_SOCKET_CLOSED = "connection socket closed"
 
 
 def sqlstate(error: BaseException | None) -> str | None:
-    """The SQLSTATE of a driver error, whichever driver raised it (psycopg2, psycopg, asyncpg)."""
+    """The SQLSTATE of a driver error, whichever of psycopg2, psycopg and asyncpg raised it."""
     if error is None:
         return None
     for candidate in (error, error.__cause__):
@@ -59,8 +60,8 @@ class PostgreSQL(Dialect):
         code = sqlstate(orig)
         if code is not None:
             return code.startswith(_CONNECTION_EXCEPTION_CLASS) or code in _SHUTDOWN_SQLSTATES
-        # psycopg 3's words when its socket is gone (its C wait raises them with no OSError cause,
-        # and SQLAlchemy goes by the connection's closed/broken flags, which may not be set yet).
+        # psycopg 3's words when its socket is gone. Its C wait raises them with no OSError cause,
+        # and SQLAlchemy goes by the connection's closed/broken flags, which may not be set yet.
         if str(orig) == _PSYCOPG_SOCKET_CLOSED:
             return True
         return super()._is_lost(orig)
@@ -78,12 +79,12 @@ class PostgreSQL(Dialect):
         return isinstance(error, sa_exc.DBAPIError) and sqlstate(error.orig) == QUERY_CANCELED
 
     def cancel_statement(self, dbapi_connection: Any) -> None:
-        # psycopg 3.2+ has cancel_safe(); psycopg 3 before it and psycopg2 have cancel().
+        # psycopg 3.2 and later have cancel_safe, older psycopg 3 and psycopg2 have cancel.
         self._call_cancel(dbapi_connection, "cancel_safe", "cancel")
 
-    # PostgreSQL 13+: the top-level transaction's full 64-bit id (no wraparound), NULL until it
-    # writes. pg_xact_status() answers for it from any connection while the server keeps its commit
-    # log, which covers any xid of the last few minutes by far (older than that: NULL).
+    # PostgreSQL 13+: the top-level transaction's full 64-bit id, which never wraps around, NULL
+    # until it writes. pg_xact_status answers for it from any connection while the server keeps its
+    # commit log, which covers any xid of the last few minutes by far. For an older one it says NULL.
     current_xid_sql = "SELECT CAST(pg_current_xact_id_if_assigned() AS text)"
 
     def xact_status_sql(self, xid: str) -> str:
@@ -92,7 +93,7 @@ class PostgreSQL(Dialect):
     def connect_timeout_params(self, driver: str, seconds: float) -> dict[str, Any]:
         if driver in ("asyncpg", "pg8000"):
             return {"timeout": seconds}
-        # libpq (psycopg, psycopg2): whole seconds, and less than 2 counts as 2.
+        # libpq, under psycopg and psycopg2: whole seconds, and less than 2 counts as 2.
         return {"connect_timeout": max(2, math.ceil(seconds))}
 
 

@@ -1,4 +1,8 @@
-"""SQLite (pysqlite, aiosqlite): a statement is stopped with the connection's ``interrupt()``."""
+"""
+The SQLite dialect, for pysqlite and aiosqlite.
+
+A statement is stopped with the connection's ``interrupt()``.
+"""
 
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.pool import PoolProxiedConnection
 
@@ -36,14 +37,14 @@ from .verify import bind_script, verified_async
 
 __all__ = ["AsyncSessionExecutor", "AsyncWorker"]
 
-#: How long a cancellation waits for a connection that is being opened, at most (seconds).
+#: The most seconds a cancellation waits for a connection that is being opened.
 OPENING_GRACE_S = 5.0
 
 _IDLE, _CONNECTING, _RUNNING, _COMMITTING, _CLOSING = range(5)
 
 
 class AsyncWorker(Worker):
-    """A worker task and the guard of its attempts (see the module docstring)."""
+    """A worker task and the guard of its attempts. See the module docstring."""
 
     __slots__ = (
         "_grace",
@@ -99,7 +100,7 @@ class AsyncWorker(Worker):
             self.cancel_pending = True
             self.task.cancel()
 
-    # -- the pool's side (checkouts.HOOKS, called in this worker's task) ----------------------------------
+    # -- the pool's side: checkouts.HOOKS, called in this worker's task ------------------------------------
 
     def on_opening(self) -> None:
         """The task starts opening a new DBAPI connection: defer interruptions until it is open."""
@@ -125,14 +126,14 @@ class AsyncWorker(Worker):
             self._grace = None
 
     def _consume_cancel(self) -> None:
-        """Our own cancellation was seen (or swallowed by the unit): take it back."""
+        """Our own cancellation was seen, or swallowed by the unit: take it back."""
         if self.cancel_pending:
             self.cancel_pending = False
             uncancel = getattr(self.task, "uncancel", None)  # Python 3.11+
             if uncancel is not None:
                 uncancel()
 
-    # -- the guard of an attempt (see script.attempt_async) --------------------------------------------
+    # -- the guard of an attempt, as script.attempt_async calls it ---------------------------------------
 
     def connecting(self, index: int) -> None:
         self._index = index
@@ -211,6 +212,8 @@ class AsyncSessionExecutor:
         install_connect_hooks(engine)
         self._attempts = attempts
         self._timeout = timeout
+        self._dialect = dialect
+        self._url = engine.url
         self.attempt: Callable[[AsyncWorker, Any, int], Coroutine[Any, Any, Any]] = bind_script(
             attempt_async, verified_async, engine, dialect, verify_commits, sessions, dialect, runner
         )
@@ -218,7 +221,7 @@ class AsyncSessionExecutor:
         self.serve: Callable[[Run[Any], AsyncWorker, float], Coroutine[Any, Any, Served]] = functools.partial(
             serve_one, attempts, self.attempt
         )
-        if batch is not None:  # a batch's attempt, and its pinpointing twin (see batch_script)
+        if batch is not None:  # a batch's attempt, and its pinpointing twin, from batch_script
             plain, pinpoint = (
                 bind_script(
                     attempt_batch_async, verified_async, engine, dialect, verify_commits,
@@ -240,14 +243,16 @@ class AsyncSessionExecutor:
         return AsyncWorker(slot, self._timeout)
 
     def team(self, run: Run[Any]) -> NativeTeam:
-        return NativeTeam(run)
+        return NativeTeam(run, self._dialect, self._url)
 
 
 class NativeTeam:
     """Worker tasks of one run, outside anyio's cancel scopes: each is stopped exactly once, by us."""
 
-    def __init__(self, run: Run[Any]) -> None:
+    def __init__(self, run: Run[Any], dialect: Dialect, url: URL) -> None:
         self._run = run
+        self._dialect = dialect
+        self._url = url
         self._workers: list[AsyncWorker] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._cancelled = False
@@ -274,6 +279,9 @@ class NativeTeam:
                 worker.stop()
             with anyio.CancelScope(shield=True):
                 await asyncio.wait(self._tasks)
+                # A connection discarded mid-statement may still hold its transaction on the server.
+                if self._dialect.ending_connections(self._url):
+                    await anyio.to_thread.run_sync(self._dialect.wait_connections_ended, self._url)
             raise
 
 

@@ -3,9 +3,9 @@ The transaction script of one batch: many units one after another in one session
 
 The twin of ``script.py`` for ``batch=``, step for step: a unit that raises fails the attempt with
 :class:`~boundeddb._core.batches.BatchUnitFailed`, which names it, and everything is rolled back.
-Each unit has its own ``timeout``; the COMMIT has one of its own. The units' changes are flushed
-before COMMIT, so that a failure of theirs leaves the connection in the pool; only a failed COMMIT
-discards it. What a failure means for the batch's units is the core's to decide (``_core/batches.py``).
+Each unit has its own ``timeout``, and the COMMIT has one of its own. The units' changes are flushed
+before COMMIT, so that a failure of theirs leaves the connection in the pool. Only a failed COMMIT
+discards it. What a failure means for the batch's units is the core's to decide, in ``_core/batches.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from .._core.attempts import CommitUnknown, ConnectFailed, UnitMisuse
-from .._core.batches import BatchUnitFailed, Pending
+from .._core.batches import BatchUnitFailed, BatchUnits, Withdrawn
 from .._dialects import STATEMENT_ENDED, Dialect
 from .._errors import UnitTimeout
 from .script import (
@@ -43,7 +43,7 @@ __all__ = ["attempt_batch_async", "attempt_batch_sync"]
 
 class BatchGuard(AsyncGuard, Protocol):
     def next_unit(self, index: int) -> None:
-        """The batch's next unit (or its COMMIT) starts: a deadline of its own."""
+        """The batch's next unit or its COMMIT starts: a deadline of its own."""
         ...
 
 
@@ -54,7 +54,7 @@ async def attempt_batch_async(
     runner: str,
     xid_sql: str | None,
     guard: BatchGuard,
-    units: list[Pending],
+    units: BatchUnits,
     first: int,
 ) -> list[Any]:
     """
@@ -72,6 +72,8 @@ async def attempt_batch_async(
         for position, (unit, index) in enumerate(units):
             if position:
                 guard.next_unit(index)
+            if index in units.withdrawn:
+                raise BatchUnitFailed(position, Withdrawn(index))
             try:
                 result = unit(session)
                 if not inspect.isawaitable(result):
@@ -101,6 +103,7 @@ async def attempt_batch_async(
         except Exception as error:
             note_failure(dialect, guard, error)
             raise
+        _check_withdrawn(units)
         guard.committing()
         try:
             await session.commit()
@@ -135,7 +138,7 @@ def attempt_batch_sync(
     timeout: float | None,
     xid_sql: str | None,
     guard: SyncGuard,
-    units: list[Pending],
+    units: BatchUnits,
     first: int,
 ) -> list[Any]:
     """As :func:`attempt_batch_async`, in this thread."""
@@ -153,6 +156,8 @@ def attempt_batch_sync(
         dbapi_connection = connection.connection.dbapi_connection
         values: list[Any] = []
         for position, (unit, index) in enumerate(units):
+            if index in units.withdrawn:
+                raise BatchUnitFailed(position, Withdrawn(index))
             guard.running(dbapi_connection)  # each unit's statements have a deadline of their own
             started = perf_counter()
             try:
@@ -178,6 +183,7 @@ def attempt_batch_sync(
         except Exception as error:
             dialect.note_lost_connection(error, dbapi_connection)
             raise
+        _check_withdrawn(units)
         try:
             guard.committing()
         except DeadlinePassed:
@@ -201,8 +207,15 @@ def attempt_batch_sync(
             guard.closed()
 
 
+def _check_withdrawn(units: BatchUnits) -> None:
+    """Just before COMMIT: a unit whose ``submit()`` was cancelled meanwhile fails the batch."""
+    position = units.first_withdrawn()
+    if position is not None:
+        raise BatchUnitFailed(position, Withdrawn(units[position][1]))
+
+
 def _run_sync_unit(session: Session, transaction: Any, unit: Any, index: int) -> Any:
-    """One unit of a batch in this thread: its value; a misuse raises :class:`UnitMisuse`."""
+    """One unit of a batch in this thread: its value. A misuse raises :class:`UnitMisuse`."""
     value = unit(session)
     if inspect.isawaitable(value):
         raise returned_awaitable(value, index)

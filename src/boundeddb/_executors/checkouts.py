@@ -1,10 +1,10 @@
 """
-What the runners learn from an engine's pool: the peak of its checkouts, and connections being opened.
+The runners' listeners on an engine's pool events, which tell them what the pool does.
 
-- :func:`track_peak`: the most connections checked out at once during a run, for ``RunStats``.
-- :func:`install_connect_hooks`: the engine tells the worker whose task opens a connection that it
-  does, then which connection its task checked out, through :data:`HOOKS`. So a worker knows what
-  not to interrupt, and which connection to discard, without asking the session for it.
+:func:`track_peak` counts the most connections checked out at once during a run, for ``RunStats``.
+With :func:`install_connect_hooks`, the engine tells the worker whose task opens a connection that it
+does, then which connection its task checked out, through :data:`HOOKS`. So a worker knows what
+not to interrupt, and which connection to discard, without asking the session for it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class ConnectHooks(Protocol):
         """The task starts opening a new DBAPI connection."""
 
     def on_checkout(self, connection: PoolProxiedConnection) -> None:
-        """The task checked ``connection`` out of the pool (a new one is open by then)."""
+        """The task checked ``connection`` out of the pool. A new one is open by then."""
 
 
 #: In a worker's task: the hooks of that worker.
@@ -68,7 +68,7 @@ class _CheckoutGauge:
 
 
 class PeakTracker:
-    """The most connections checked out of one pool at once since a run began (a ``CheckoutPeak``)."""
+    """A ``CheckoutPeak``: the most connections checked out of one pool at once since a run began."""
 
     __slots__ = ("__weakref__", "gauge", "peak")
 

@@ -1,9 +1,9 @@
 """
-:class:`StatementDeadlines`: a thread that stops a thread unit's statement at its ``timeout``.
+The thread that stops a thread unit's statement at its ``timeout``.
 
-It serves databases where the server cannot be told a statement timeout (MySQL, MariaDB, SQLite).
-A unit past its deadline is never committed, and its connection is discarded. See "Sync units:
-lanes and handles" in ``docs/explanation/architecture.md``.
+:class:`StatementDeadlines` serves databases where the server cannot be told a statement timeout:
+MySQL, MariaDB and SQLite. A unit past its deadline is never committed, and its connection is
+discarded. See "Sync units: lanes and handles" in ``docs/explanation/architecture.md``.
 """
 
 from __future__ import annotations
@@ -26,23 +26,23 @@ logger = logging.getLogger("boundeddb.timeout")
 #: The bounds of the thread's tick: a twentieth of the timeout, within them.
 MIN_TICK_S = 0.005
 MAX_TICK_S = 0.05
-#: How long the thread waits with no deadline to keep before it ends (a new deadline starts another).
+#: How long the thread waits with no deadline to keep before it ends. A new deadline starts another.
 IDLE_S = 1.0
 
 
 class HasDeadline(Protocol):
-    """A worker's handle (``threads.Handle``), as the deadlines see it."""
+    """A worker's handle, ``threads.Handle``, as the deadlines see it."""
 
-    #: When the attempt's statement is to be stopped (``perf_counter()``); ``inf``: never.
+    #: The ``perf_counter()`` when the attempt's statement is to be stopped; ``inf``: never.
     deadline: float
 
     def time_out(self, now: float) -> Any:
-        """Mark the attempt timed out if it is past its deadline; the DBAPI connection to stop, if any."""
+        """Mark the attempt timed out if it is past its deadline: the DBAPI connection to stop, if any."""
         ...
 
 
 class StatementDeadlines:
-    """Stops the statements of a runner's thread units that outlast ``timeout`` (see the module docstring)."""
+    """Stops the statements of a runner's thread units that outlast ``timeout``. See the module docstring."""
 
     __slots__ = ("_dialect", "_handles", "_lock", "_thread", "_tick", "timeout")
 
@@ -55,7 +55,7 @@ class StatementDeadlines:
         self._thread: threading.Thread | None = None
 
     def adopt(self, handle: HasDeadline) -> None:
-        """Keep ``handle``'s attempts to their deadlines from now on (for as long as the handle lives)."""
+        """Keep ``handle``'s attempts to their deadlines from now on, for as long as the handle lives."""
         with self._lock:
             self._handles.add(handle)
 

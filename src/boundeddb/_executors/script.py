@@ -52,7 +52,7 @@ class AsyncGuard(Protocol):
 
 
 class DeadlinePassed(Exception):
-    """A sync guard refuses to commit: the unit's statement was stopped at its timeout (``deadlines.py``)."""
+    """A sync guard refuses to commit: ``deadlines.py`` stopped the unit's statement at its timeout."""
 
 
 class SyncGuard(Protocol):
@@ -113,14 +113,14 @@ async def attempt_async(
     index: int,
 ) -> Any:
     """
-    Run ``unit`` once in a new AsyncSession and transaction; its value, or it raises.
+    Run ``unit`` once in a new AsyncSession and transaction: its value, or it raises.
 
-    With ``xid_sql`` (``verify_commits``), a :class:`CommitUnknown` carries the transaction's id
-    (``None`` if it wrote nothing) and the unit's value.
+    With ``xid_sql``, given by ``verify_commits``, a :class:`CommitUnknown` carries the
+    transaction's id, ``None`` if it wrote nothing, and the unit's value.
 
-    The session connects at the unit's first statement, as it would in hand-written code (asking
-    for the connection up front costs a greenlet per unit); the guard hears of the checkout from the
-    pool (``checkouts.HOOKS``), so an error before it is known to have sent nothing.
+    The session connects at the unit's first statement, as it would in hand-written code: asking
+    for the connection up front costs a greenlet per unit. The guard hears of the checkout from the
+    pool through ``checkouts.HOOKS``, so an error before it is known to have sent nothing.
     """
     session = sessions()
     xid = value = None
@@ -178,7 +178,7 @@ def flush_and_read_xid(session: Session, xid_sql: str, guard: AsyncGuard) -> Any
 
 
 def note_failure(dialect: Dialect, guard: AsyncGuard, error: Exception) -> None:
-    """Raise :class:`ConnectFailed` if ``error`` is the session failing to connect; else note a lost one."""
+    """Raise :class:`ConnectFailed` if ``error`` is the session failing to connect, else note a lost one."""
     connection = guard.connection
     if connection is None:
         if guard.connect_failed(error):
@@ -188,7 +188,7 @@ def note_failure(dialect: Dialect, guard: AsyncGuard, error: Exception) -> None:
 
 
 async def close_async(session: AsyncSession, connection: PoolProxiedConnection | None) -> None:
-    """Roll back whatever is open and return the connection; invalidate it if that fails."""
+    """Roll back whatever is open and return the connection, or invalidate it if that fails."""
     try:
         await session.close()
     except Exception as error:
@@ -197,7 +197,7 @@ async def close_async(session: AsyncSession, connection: PoolProxiedConnection |
 
 
 async def invalidate_async(session: AsyncSession, connection: PoolProxiedConnection | None) -> None:
-    """Discard ``connection`` from the pool (SQLAlchemy closes it): not leaked, not reused mid-transaction."""
+    """Discard ``connection`` from the pool, which closes it: not leaked, not reused mid-transaction."""
     if connection is None or not connection.is_valid:  # never connected, or already discarded
         return
     try:
@@ -223,7 +223,7 @@ def attempt_sync(
     index: int,
 ) -> Any:
     """
-    Run ``unit`` once in a new Session and transaction, in this thread; its value, or it raises.
+    Run ``unit`` once in a new Session and transaction, in this thread: its value, or it raises.
 
     ``xid_sql`` as for :func:`attempt_async`.
     """
@@ -288,7 +288,7 @@ def attempt_sync(
 
 
 def close_sync(session: Session, connection: Connection | None) -> None:
-    """Roll back whatever is open and return the connection; invalidate it if that fails."""
+    """Roll back whatever is open and return the connection, or invalidate it if that fails."""
     try:
         session.close()
     except Exception as error:

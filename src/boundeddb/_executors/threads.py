@@ -1,7 +1,7 @@
 """
 The thread executor: sync units on a ``Session``, in worker threads, under the runner's limiter.
 
-For a plain iterable a thread is a lane that pulls, runs and settles units itself; otherwise each
+For a plain iterable a thread is a lane that pulls, runs and settles units itself. Otherwise each
 unit takes one trip to a thread. No worker thread touches an anyio primitive. A cancelled run stops
 the statements in flight through the dialect, never commits a unit that had not begun to, and
 discards the connections it sent a cancellation to. See "Sync units: lanes and handles" in
@@ -23,12 +23,12 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine
 from sqlalchemy.orm import Session
 
 from .._batch import BatchPolicy
 from .._core.attempts import Attempts, Retry
-from .._core.batches import Batches, Pending
+from .._core.batches import Batches, BatchUnits
 from .._core.limiter import Limiter, Slot
 from .._core.pacing import EXHAUSTED, MORE, RETRY, Body, Served, Worker, serve_one
 from .._core.run import END, REFUSED, Run
@@ -50,7 +50,7 @@ CANCEL_AGAIN_S = 0.1
 
 
 class Stopped(BaseException):
-    """The run was cancelled: the attempt stops here and rolls back; never reaches a unit's caller."""
+    """The run was cancelled: the attempt stops here and rolls back. It never reaches a unit's caller."""
 
 
 class Handle:
@@ -116,9 +116,11 @@ class Handle:
 
     def closing(self) -> bool:
         """
-        Whether the connection must be discarded: its statement's cancellation may still be on its way
-        (psycopg's cancel request, MySQL's KILL QUERY from a side connection), and would stop whatever
-        statement the connection runs when it lands, another unit's if it went back to the pool.
+        Whether the connection must be discarded: its statement's cancellation may still be on its way.
+
+        Such a cancellation, psycopg's cancel request or MySQL's KILL QUERY from a side connection,
+        would stop whatever statement the connection runs when it lands, another unit's if the
+        connection went back to the pool.
         """
         with self._lock:
             self._state, self._dbapi, self.deadline = _IDLE, None, math.inf
@@ -132,8 +134,9 @@ class Handle:
 
     def cancel(self) -> Any:
         """
-        Mark the handle cancelled; the DBAPI connection whose statement must be stopped, if any (the
-        connection is then discarded when the attempt ends, see :meth:`closing`).
+        Mark the handle cancelled: the DBAPI connection whose statement must be stopped, if any.
+
+        That connection is then discarded when the attempt ends. See :meth:`closing`.
         """
         with self._lock:
             self.cancelled = True
@@ -145,7 +148,7 @@ class Handle:
     def time_out(self, now: float) -> Any:
         """
         If the attempt's statement is past its deadline: mark it timed out and return its DBAPI
-        connection, whose statement is to be stopped (again in :data:`CANCEL_AGAIN_S`, if it still runs).
+        connection, whose statement is to be stopped, and again in :data:`CANCEL_AGAIN_S` if it still runs.
         """
         with self._lock:
             if self._state != _RUNNING or now < self.deadline:
@@ -180,6 +183,7 @@ class ThreadExecutor:
         batch: BatchPolicy | None = None,
     ) -> None:
         self._dialect = dialect
+        self._url = engine.url
         self._attempts = attempts
         self._limiter = limiter
         self._script: Callable[[Handle, Any, int], Any] = bind_script(
@@ -196,7 +200,7 @@ class ThreadExecutor:
         )
         self._threads: tuple[object, anyio.CapacityLimiter] | None = None
         self._last_checked: object = None
-        if batch is not None:  # a batch's attempt, and its pinpointing twin (see batch_script)
+        if batch is not None:  # a batch's attempt, and its pinpointing twin, from batch_script
             plain, pinpoint = (
                 functools.partial(
                     self._attempt_batch,
@@ -239,7 +243,7 @@ class ThreadExecutor:
     # -- serving units ---------------------------------------------------------------------------
 
     def team(self, run: Run[Any]) -> ThreadTeam:
-        return ThreadTeam(run, self._dialect)
+        return ThreadTeam(run, self._dialect, self._url)
 
     async def serve(self, run: Run[Any], worker: ThreadWorker, wait_s: float) -> Served:
         if not run.pulls_in_threads:
@@ -263,12 +267,12 @@ class ThreadExecutor:
 
     async def _attempt_batch(
         self,
-        script: Callable[[Handle, list[Pending], int], list[Any]],
+        script: Callable[[Handle, BatchUnits, int], list[Any]],
         worker: ThreadWorker,
-        units: list[Pending],
+        units: BatchUnits,
         first: int,
     ) -> list[Any]:
-        """One attempt of a batch by ``script`` in a worker thread (``batch_script.attempt_batch_sync``)."""
+        """One attempt of a batch by ``script``, ``batch_script.attempt_batch_sync``, in a worker thread."""
         try:
             values: list[Any] = await anyio.to_thread.run_sync(
                 script, worker.handle, units, first, limiter=self._thread_limiter()
@@ -307,11 +311,12 @@ class ThreadExecutor:
 
 
 class ThreadTeam:
-    """Worker tasks of one run in an anyio task group; a cancellation cancels their statements."""
+    """Worker tasks of one run in an anyio task group. A cancellation cancels their statements."""
 
-    def __init__(self, run: Run[Any], dialect: Dialect) -> None:
+    def __init__(self, run: Run[Any], dialect: Dialect, url: URL) -> None:
         self._run = run
         self._dialect = dialect
+        self._url = url
         self._workers: list[ThreadWorker] = []
         self._group: anyio.abc.TaskGroup | None = None
         self._finished = False
@@ -331,6 +336,9 @@ class ThreadTeam:
                             self.spawn(worker, body)
                     self._finished = True
                 finally:
+                    if not self._finished and self._dialect.ending_connections(self._url):
+                        with anyio.CancelScope(shield=True):  # see NativeTeam.run
+                            await anyio.to_thread.run_sync(self._dialect.wait_connections_ended, self._url)
                     helpers.cancel_scope.cancel()
 
             helpers.start_soon(_when_cancelled, self._cancel_statements, lambda: self._finished)
@@ -355,7 +363,7 @@ class ThreadTeam:
 
 
 async def _when_cancelled(callback: Callable[[], Awaitable[None]], finished: Callable[[], bool]) -> NoReturn:
-    """Sleep until cancelled; then, unless the work had finished, run ``callback`` shielded."""
+    """Sleep until cancelled. Then, unless the work had finished, run ``callback`` shielded."""
     try:
         await anyio.sleep_forever()
     finally:

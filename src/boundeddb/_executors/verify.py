@@ -1,14 +1,14 @@
 """
-Verified commits (``verify_commits=True``): what became of a COMMIT whose connection was lost.
+Verified commits: with ``verify_commits=True``, the server says what became of a lost COMMIT.
 
 Just before COMMIT, once the unit's pending changes are flushed, the script reads the transaction's
 id. If the COMMIT fails with a lost connection or a timeout, a connection from the same engine asks
 the server for that transaction's status, still within the unit's slot, until :data:`WAIT_S` has
 passed:
 
-- ``committed``: the unit succeeded (:class:`~boundeddb._core.attempts.CommitVerified`);
-- ``aborted``: the attempt failed with nothing committed, and the retry policy decides;
-- ``in progress`` or no answer: ask again after a pause;
+- ``committed``: the unit succeeded, by :class:`~boundeddb._core.attempts.CommitVerified`.
+- ``aborted``: the attempt failed with nothing committed, and the retry policy decides.
+- ``in progress`` or no answer: ask again after a pause.
 - ``NULL``, or still unknown when the wait is over: ``commit_unknown``, as without verification.
 
 ``docs/how-to/verify-commits.md`` says when to turn it on and what it costs.
@@ -37,13 +37,13 @@ __all__ = ["WAIT_S", "CommitVerifier", "bind_script", "verified_async", "verifie
 
 logger = logging.getLogger("boundeddb.verify")
 
-#: How long the runner keeps asking what became of a COMMIT whose connection was lost (seconds).
+#: How many seconds the runner keeps asking what became of a COMMIT whose connection was lost.
 WAIT_S = 10.0
-#: The first pause between two questions; it doubles up to :data:`MAX_PAUSE_S`.
+#: The first pause between two questions. It doubles up to :data:`MAX_PAUSE_S`.
 FIRST_PAUSE_S = 0.05
 MAX_PAUSE_S = 1.0
 
-#: While a task or thread opens a connection to ask: the connect timeout it wants (seconds).
+#: While a task or thread opens a connection to ask: the connect timeout it wants, in seconds.
 _CONNECT_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "boundeddb_verify_connect_timeout", default=None
 )
@@ -53,7 +53,7 @@ _lock = threading.Lock()
 
 
 def _time_out_connects(engine: Engine, dialect: Dialect) -> None:
-    """Give the connections opened to ask (and only those) the dialect's connect timeout."""
+    """Give the connections opened to ask, and only those, the dialect's connect timeout."""
     with _lock:
         if engine in _timed_engines:
             return
@@ -134,14 +134,14 @@ class CommitVerifier:
         finally:
             _CONNECT_TIMEOUT.reset(token)
 
-    # -- sync (in the unit's worker thread) --------------------------------------------------------
+    # -- sync, in the unit's worker thread ---------------------------------------------------------
 
     def _ask_sync(self, sql: str) -> object:
         with self._engine.connect() as connection:
             return connection.exec_driver_sql(sql).scalar()
 
     def resolve_sync(self, unknown: CommitUnknown, index: int, cancelled: Callable[[], bool]) -> NoReturn:
-        """As :meth:`resolve_async`, blocking; gives up at once when the run is ``cancelled()``."""
+        """As :meth:`resolve_async`, blocking. It gives up at once when the run is ``cancelled()``."""
         assert unknown.xid is not None
         sql = self._dialect.xact_status_sql(unknown.xid)
         deadline = time.monotonic() + self.wait_s
@@ -174,9 +174,10 @@ def bind_script(
     *args: Any,
 ) -> Callable[..., Any]:
     """
-    ``script`` with its leading ``args`` bound, then the SQL that reads the transaction's id, or
-    ``None`` without ``verify_commits``; with it, wrapped by ``verified`` (``verified_async`` or
-    ``verified_sync``).
+    ``script`` with its leading ``args`` bound, then the SQL that reads the transaction's id.
+
+    Without ``verify_commits`` that SQL is ``None``. With it, the script is wrapped by ``verified``,
+    which is ``verified_async`` or ``verified_sync``.
 
     Called once per runner: without ``verify_commits`` the per-unit path is the bare script.
     """
@@ -193,7 +194,7 @@ async def verified_async(
     unit: Any,
     index: int,
 ) -> Any:
-    """One async attempt whose lost COMMIT, if any, is looked up (after its session is closed)."""
+    """One async attempt whose lost COMMIT, if any, is looked up once its session is closed."""
     try:
         return await attempt(worker, unit, index)
     except CommitUnknown as unknown:
@@ -205,7 +206,7 @@ async def verified_async(
 def verified_sync(
     script: Callable[[Any, Any, int], Any], verifier: CommitVerifier, guard: Any, unit: Any, index: int
 ) -> Any:
-    """One attempt in a thread whose lost COMMIT, if any, is looked up (after its session is closed)."""
+    """One attempt in a thread whose lost COMMIT, if any, is looked up once its session is closed."""
     try:
         return script(guard, unit, index)
     except CommitUnknown as unknown:

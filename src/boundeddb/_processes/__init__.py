@@ -1,1 +1,1 @@
-"""ProcessRunner's two sides: parent (fleet, call, ledger), workers (worker, worker_call), protocol."""
+"""ProcessRunner, both sides: the parent that hands out units, and the worker processes that run them."""

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "DaskCluster", "LocalProcesses", "WorkerHandle"]
 
-#: How long a Dask task may take to connect back before its start counts as failed (seconds).
+#: How many seconds a Dask task may take to connect back before its start counts as failed.
 DASK_CONNECT_TIMEOUT_S = 60.0
 
 
@@ -32,22 +32,22 @@ class WorkerHandle(Protocol):
     """One worker as started: the pipe to it, its marks, and how to end it."""
 
     connection: Connection
-    #: The worker's unit marks in memory both processes share (see ``protocol``), or None where
+    #: The worker's unit marks, described in ``protocol``, in memory both processes share. None where
     #: the worker may be on another host: it then says each mark in a message.
     marks: memoryview | None
 
     def kill(self) -> None:
-        """End the worker now (its connections close with it)."""
+        """End the worker now. Its connections close with it."""
 
     def wait(self, timeout: float) -> bool:
         """Wait for the worker to end, at most ``timeout`` seconds: whether it has."""
 
     def describe_end(self) -> str:
-        """How the worker ended, for messages ("killed by SIGKILL", "exited with code 1")."""
+        """How the worker ended, for messages: "killed by SIGKILL", "exited with code 1"."""
 
 
 class Backend(Protocol):
-    """Starts workers (each call blocks until the worker's pipe is open, not until it is ready)."""
+    """Starts workers. Each call blocks until the worker's pipe is open, not until it is ready."""
 
     #: For messages: "worker process", "Dask task".
     noun: str
@@ -90,10 +90,10 @@ class _LocalHandle:
 
 
 class LocalProcesses:
-    """Workers as child processes of this one, started with ``spawn`` (or ``forkserver``): nothing forked."""
+    """Workers as child processes of this one, started with ``spawn`` or ``forkserver``: nothing forked."""
 
     noun = "worker process"
-    #: Whether workers mark their units in shared memory (else by message, as on Dask: for tests).
+    #: Whether workers mark their units in shared memory. Tests turn it off: by message, as on Dask.
     share_marks = True
 
     def __init__(self, method: str = "spawn") -> None:
@@ -105,7 +105,7 @@ class LocalProcesses:
 
     def start(self, number: int, config: WorkerConfig) -> _LocalHandle:
         ours, theirs = self._context.Pipe(duplex=True)
-        # Shared memory handed over at spawn (no name to leak): the child's stores are visible here.
+        # Shared memory handed over at spawn, with no name to leak: the child's stores are visible here.
         shared = self._context.RawArray("B", most_handed(config.units)) if self.share_marks else None
         process = self._context.Process(  # type: ignore[attr-defined]
             target=worker.main, args=(theirs, config, shared), name=f"boundeddb-worker-{number}", daemon=True
@@ -135,7 +135,7 @@ def _reachable_host(scheduler_address: str) -> str:
 
 def _no_delay(connection: Connection) -> None:
     """
-    Send each message of a TCP connection at once (``TCP_NODELAY``).
+    Send each message of a TCP connection at once, with ``TCP_NODELAY``.
 
     Else Nagle's algorithm holds a small message back until the previous one is acknowledged,
     which the peer delays up to 40 ms: the workers would wait for units, and the parent for outcomes.
@@ -199,7 +199,7 @@ class DaskCluster:
         while not self._closed:
             try:
                 connection = self._listener.accept()
-            except Exception:  # a peer that failed the handshake (or close()'s poke)
+            except Exception:  # a peer that failed the handshake, or close()'s poke
                 continue
             try:
                 _no_delay(connection)
@@ -231,7 +231,7 @@ class DaskCluster:
             key=f"boundeddb-worker-{number}-{token}",
             pure=False,
             workers=[where],
-            allow_other_workers=False,  # spread over the workers; a dead one is replaced elsewhere
+            allow_other_workers=False,  # spread over the workers, and a dead one is replaced elsewhere
         )
         deadline = time.monotonic() + DASK_CONNECT_TIMEOUT_S
         try:

@@ -10,8 +10,10 @@ from typing import Any
 import anyio
 
 from .._core.recorder import LoopLag
+from .._core.run import failures_error
 from .._errors import UnpicklableError
 from .._outcome import Outcome, RunReport
+from .._stats import RunStats, percentile
 from .._telemetry import active
 from . import protocol as p
 from .fleet import Fleet, Link
@@ -20,7 +22,7 @@ from .protocol import Kind, most_handed
 
 __all__ = ["CANCEL_GRACE_S", "Call"]
 
-#: How long a cancelled call waits for its workers to roll back before it kills them (seconds).
+#: How many seconds a cancelled call waits for its workers to roll back before it kills them.
 CANCEL_GRACE_S = 30.0
 _END = object()
 
@@ -60,7 +62,7 @@ class Call:
         telemetry = active()
         call_telemetry = None
         carrier: dict[str, str] | None = None
-        if telemetry is not None:  # metrics here; the workers make the spans, under the caller's
+        if telemetry is not None:  # metrics here, and the workers make the spans under the caller's
             call_telemetry = telemetry.call(attributes, is_async=kind is Kind.ASYNC, spans=False)
             carrier = telemetry.carrier()
         self.ledger = ledger = Ledger(
@@ -71,7 +73,7 @@ class Call:
             telemetry=call_telemetry,
         )
         fleet.register(ledger)
-        self._call_message = pickle.dumps((p.CALL, ledger.id, kind.value, fn, carrier))
+        self._call_message = pickle.dumps(p.CallBegins(ledger.id, kind.value, fn, carrier))
         #: Workers told to stop or close the call, and those told to cancel it.
         self._told: set[Link] = set()
         self._cancel_told: set[Link] = set()
@@ -98,11 +100,45 @@ class Call:
             self.ledger.close()
 
     def report(self, limit: int, loop_lag: LoopLag | None) -> RunReport[Any]:
-        """The call's report, or what it owes its caller (see :meth:`Ledger.report`)."""
-        return self.ledger.report(self._started, limit, loop_lag, self.input_error)
+        """The call's report, or what it owes its caller: the input's error, a worker's, or RunFailed."""
+        ledger = self.ledger
+        elapsed = perf_counter() - self._started
+        outcomes = sorted(ledger.outcomes, key=lambda outcome: outcome.index)
+        latencies = sorted(outcome.latency_s for outcome in outcomes)
+        succeeded = sum(1 for outcome in outcomes if outcome.error is None)
+        lag_p99, lag_max = loop_lag.summary() if loop_lag is not None else (None, None)
+        stats = RunStats(
+            submitted=len(outcomes),
+            succeeded=succeeded,
+            failed=len(outcomes) - succeeded,
+            elapsed_s=elapsed,
+            throughput=len(outcomes) / elapsed if elapsed > 0 else 0.0,
+            latency_p50_s=percentile(latencies, 0.50),
+            latency_p95_s=percentile(latencies, 0.95),
+            latency_p99_s=percentile(latencies, 0.99),
+            latency_max_s=latencies[-1] if latencies else 0.0,
+            peak_in_flight=sum(units for _, units in ledger.peaks.values()),
+            peak_connections=sum(connections for connections, _ in ledger.peaks.values()),
+            loop_lag_p99_s=lag_p99,
+            loop_lag_max_s=lag_max,
+            retried=sum(max(0, outcome.attempts - 1) for outcome in outcomes),
+            limit_min=limit,
+            limit_max=limit,
+            limit_final=limit,
+            limit_trace=((0.0, limit),),
+            commits_verified=sum(1 for outcome in outcomes if outcome.commit_verified),
+        )
+        report = RunReport(outcomes, stats)
+        if self.input_error is not None:
+            raise self.input_error
+        if ledger.error is not None:
+            raise ledger.error
+        if ledger.stop_on_failure and (failed := failures_error(report)) is not None:
+            raise failed
+        return report
 
     def _room(self) -> dict[Link, int]:
-        """How many more units each serving worker takes now (under the lock): see ``most_handed``."""
+        """How many more units each serving worker takes now, under the lock: see ``most_handed``."""
         return {
             link: most_handed(link.seat.units) - link.handed
             for link in self.fleet.ready_links()
@@ -110,7 +146,7 @@ class Call:
         }
 
     async def _pull(self, pull: _Input, wanted: int) -> list[tuple[int, bytes]]:
-        """Up to ``wanted`` new items, numbered and pickled; one that cannot be pickled settles here."""
+        """Up to ``wanted`` new items, numbered and pickled. One that cannot be pickled settles here."""
         ledger, new = self.ledger, list[tuple[int, bytes]]()
         while len(new) < wanted and not self.exhausted:
             try:
@@ -118,12 +154,12 @@ class Call:
             except Exception as error:  # the caller's input failed: stop, then raise it
                 self.input_error, self.exhausted = error, True
                 with self.fleet.lock:
-                    ledger.stopping = ledger.draining = True
+                    ledger.stop(draining=True)
                 break
             if item is _END:
                 self.exhausted = True
                 with self.fleet.lock:
-                    ledger.draining = True
+                    ledger.drain()
                 break
             index = self._next_index
             self._next_index += 1
@@ -143,44 +179,34 @@ class Call:
     async def _hand_out(self, pull: _Input) -> None:
         fleet, ledger = self.fleet, self.ledger
         with fleet.lock:
-            if fleet.broken is not None and ledger.error is None:
-                ledger.error, ledger.stopping = fleet.broken, True
-                for index in list(ledger.verifying):
-                    ledger.on_verified(index, "unknown")
+            if fleet.broken is not None:
+                ledger.fail(fleet.broken)
             wanted = 0 if ledger.stopping else sum(self._room().values()) - len(ledger.pending)
         new = await self._pull(pull, wanted)
         sends: list[tuple[Link, bytes]] = []
         with fleet.lock:
-            ledger.pending.extend(new)
+            ledger.queue(new)
             if ledger.stopping:
-                ledger.pending.clear()
-                sends += self._tell(p.STOP)
+                sends += self._tell(p.Stop)
             else:
                 now = perf_counter()
                 for link, room in self._room().items():
-                    batch = [
-                        (*ledger.pending.popleft(), link.take_place())
-                        for _ in range(min(room, len(ledger.pending)))
-                    ]
-                    if not batch:
+                    handed = ledger.hand(link, room, now)
+                    if not handed:
                         continue
-                    if link not in ledger.open_on:
-                        ledger.open_on.add(link)
+                    if ledger.open(link):
                         sends.append((link, self._call_message))
-                    for index, item, place in batch:
-                        ledger.where[index] = (link, item, place, now)
-                    link.handed += len(batch)
-                    sends.append((link, pickle.dumps((p.UNITS, ledger.id, batch))))
+                    sends.append((link, pickle.dumps(p.Units(ledger.id, handed))))
                 if self.exhausted and not (ledger.pending or ledger.where or ledger.verifying):
-                    sends += self._tell(p.CLOSE)
+                    sends += self._tell(p.Close)
         for link, data in sends:
             link.send(data)
 
-    def _tell(self, tag: int) -> list[tuple[Link, bytes]]:
-        """STOP or CLOSE for each worker the call is open on and that was not told yet (under the lock)."""
+    def _tell(self, what: type[p.Stop | p.Close]) -> list[tuple[Link, bytes]]:
+        """Stop or Close for each worker the call is open on and that was not told yet. Under the lock."""
         links = self.ledger.open_on - self._told
         self._told |= links
-        message = pickle.dumps((tag, self.ledger.id))
+        message = pickle.dumps(what(self.ledger.id))
         return [(link, message) for link in links]
 
     def _finished(self) -> bool:
@@ -194,11 +220,10 @@ class Call:
         """Cancel the units in flight on every worker, and wait until they are rolled back."""
         fleet, ledger = self.fleet, self.ledger
         with fleet.lock:
-            ledger.cancelled = ledger.stopping = True
-            ledger.pending.clear()
+            ledger.cancel()
             links = list(ledger.open_on - self._cancel_told)
             self._cancel_told.update(links)
-        message = pickle.dumps((p.CANCEL, ledger.id))
+        message = pickle.dumps(p.Cancel(ledger.id))
         for link in links:
             link.send(message)
         await self._until_closed()
@@ -209,7 +234,7 @@ class Call:
         await self._until_closed()
 
     async def _until_closed(self) -> None:
-        """Until every worker closed the call (or died), at most :data:`CANCEL_GRACE_S`."""
+        """Until every worker closed the call or died, at most :data:`CANCEL_GRACE_S`."""
         with anyio.move_on_after(CANCEL_GRACE_S):
             while True:
                 with self.fleet.lock:

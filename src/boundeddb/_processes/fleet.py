@@ -9,7 +9,7 @@ import pickle
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Protocol
+from typing import Protocol
 
 from .._core.recorder import Totals
 from .._errors import WorkerStartError
@@ -23,20 +23,20 @@ logger = logging.getLogger("boundeddb.processes")
 
 #: A seat whose workers end before they are ready this many times in a row breaks the runner.
 START_ATTEMPTS = 3
-#: How long a worker told to exit may take before it is killed (seconds).
+#: How many seconds a worker told to exit may take before it is killed.
 EXIT_GRACE_S = 10.0
-#: How long closing waits for the calls in progress before it ends their workers anyway (seconds).
+#: How many seconds closing waits for the calls in progress before it ends their workers anyway.
 CALLS_GRACE_S = 600.0
 
 
 class CallState(Protocol):
-    """What a seat's reader thread tells a call in progress (``ledger.Ledger``), under the fleet's lock."""
+    """What a seat's reader thread tells a call in progress, a ``ledger.Ledger``, under the fleet's lock."""
 
     id: int
     kind: Kind
 
-    def on_message(self, link: Link, message: tuple[Any, ...]) -> bool:
-        """Take in what a worker said; whether the call's loop has something to do now."""
+    def on_message(self, link: Link, message: p.CallMessage) -> bool:
+        """Take in what a worker said, and tell whether the call's loop has something to do now."""
         ...
 
     def on_lost(self, link: Link, why: str) -> tuple[bool, list[tuple[int, str]]]:
@@ -53,7 +53,7 @@ class CallState(Protocol):
         ...
 
     def wake(self) -> None:
-        """Wake the call's loop (outside the lock)."""
+        """Wake the call's loop, outside the lock."""
         ...
 
 
@@ -68,15 +68,15 @@ class Link:
         self.dead = False
         #: Units of any call handed to this worker and not yet settled or given back.
         self.handed = 0
-        #: The worker's marks in shared memory (``protocol``), or None: the worker sends them.
+        #: The worker's marks in shared memory, described in ``protocol``, or None: the worker sends them.
         self.marks = started.marks
         #: Places of the marks that no unit handed to this worker holds.
         self._free = list(range(most_handed(seat.units)))
-        #: COMMITs of a dead predecessor this worker was asked about: (call, index).
+        #: COMMITs of a dead predecessor this worker was asked about, as ``(call, index)``.
         self.verifying: list[tuple[int, int]] = []
 
     def send(self, data: bytes) -> bool:
-        """Send a message (any thread); ``False`` if the worker is gone (its reader settles the rest)."""
+        """Send a message from any thread. ``False`` if the worker is gone: its reader settles the rest."""
         with self._send_lock:
             try:
                 self.started.connection.send_bytes(data)
@@ -87,19 +87,27 @@ class Link:
     def name(self) -> str:
         return f"worker {self.seat.number}"
 
+    def hand(self, units: int) -> None:
+        """``units`` more are handed to this worker. Under the fleet's lock."""
+        self.handed += units
+
+    def take_back(self, units: int = 1) -> None:
+        """``units`` handed to this worker settled or came back. Under the fleet's lock."""
+        self.handed -= units
+
     def take_place(self) -> int:
-        """A place for a unit handed to this worker, its mark cleared (under the fleet's lock)."""
+        """A place for a unit handed to this worker, its mark cleared. Under the fleet's lock."""
         place = self._free.pop()
         if self.marks is not None:
             self.marks[place] = p.MARK_HANDED
         return place
 
     def free_place(self, place: int) -> None:
-        """The unit at ``place`` settled or came back (under the fleet's lock)."""
+        """The unit at ``place`` settled or came back. Under the fleet's lock."""
         self._free.append(place)
 
     def mark(self, place: int) -> int:
-        """The shared mark at ``place``: final once the worker has ended (``_tend``), a snapshot before."""
+        """The shared mark at ``place``: a snapshot, and final once ``_tend`` saw the worker end."""
         return p.MARK_HANDED if self.marks is None else self.marks[place]
 
 
@@ -115,7 +123,7 @@ class Seat:
         self.link: Link | None = None
         #: Workers that ended before they were ready, in a row.
         self.failed_starts = 0
-        #: COMMITs a dead worker had begun, to ask the next one about: kind -> [(call, index, xid)].
+        #: COMMITs a dead worker had begun, to ask the next one about: ``kind -> [(call, index, xid)]``.
         self.to_verify: dict[Kind, list[tuple[int, int, str]]] = defaultdict(list)
 
 
@@ -132,14 +140,14 @@ class Fleet:
         self.broken: BaseException | None = None
         self._threads: list[threading.Thread] = []
         self._call_ids = itertools.count(1)
-        #: The runner's counters since it was made (its ``statistics()``).
+        #: The runner's counters since it was made, for its ``statistics()``.
         self.totals = Totals()
         self._idle = threading.Condition(self.lock)
 
     # -- life -----------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start a thread per seat (once): each starts its worker and keeps one there."""
+        """Start a thread per seat, once. Each starts its worker and keeps one there."""
         with self.lock:
             if self._threads or self.closing:
                 return
@@ -160,7 +168,7 @@ class Fleet:
         return in_flight, waiting
 
     def ready_links(self) -> list[Link]:
-        """The workers that serve now (under the lock)."""
+        """The workers that serve now. Under the lock."""
         return [
             link for seat in self.seats if (link := seat.link) is not None and link.ready and not link.dead
         ]
@@ -177,18 +185,18 @@ class Fleet:
             self._idle.notify_all()
 
     def close(self, timeout: float = EXIT_GRACE_S) -> None:
-        """Wait for the calls in progress, tell every worker to exit, and wait for it (kill it if need be)."""
+        """Wait for the calls in progress, tell every worker to exit, and wait for it or kill it."""
         deadline = time.monotonic() + CALLS_GRACE_S
         with self.lock:
             while self.calls and time.monotonic() < deadline:
                 self._idle.wait(max(0.0, deadline - time.monotonic()))
             self.closing = True
             links = [seat.link for seat in self.seats if seat.link is not None]
-        exit_message = pickle.dumps((p.EXIT,))
+        exit_message = pickle.dumps(p.Exit())
         for link in links:
             link.send(exit_message)
-        # Each seat's thread waits for its worker to end (only it: waiting on a process from two
-        # threads races), so wait for the threads, and kill the workers of those that do not end.
+        # Only a seat's own thread waits for its worker to end, because waiting on a process from two
+        # threads races. So wait for the threads, and kill the workers of those that do not end.
         deadline = time.monotonic() + timeout
         for seat, thread in zip(self.seats, self._threads, strict=False):  # no threads if never started
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -202,7 +210,7 @@ class Fleet:
     # -- a seat's thread ------------------------------------------------------------------------------
 
     def _done(self) -> bool:
-        """Whether no worker is to be started any more: the runner closes, or is broken (under the lock)."""
+        """Whether no worker is to be started any more: the runner closes, or is broken. Under the lock."""
         return self.closing or self.broken is not None
 
     def _tend(self, seat: Seat) -> None:
@@ -223,7 +231,7 @@ class Fleet:
             with self.lock:
                 seat.link = link
                 if self.closing:
-                    link.send(pickle.dumps((p.EXIT,)))
+                    link.send(pickle.dumps(p.Exit()))
             self._read(link)
             if not started.wait(EXIT_GRACE_S if self.closing else 1.0) and link.marks is not None:
                 started.kill()  # its pipe ended but it did not: end it, so that its marks hold still
@@ -237,7 +245,7 @@ class Fleet:
                 return
 
     def _start_failed(self, seat: Seat, why: str, error: BaseException | None) -> bool:
-        """Count a worker that never became ready; ``True`` if the runner is broken now."""
+        """Count a worker that never became ready. ``True`` if the runner is broken now."""
         with self.lock:
             if self.closing:
                 return True
@@ -278,16 +286,15 @@ class Fleet:
         except (EOFError, OSError):
             pass
 
-    def _handle(self, link: Link, messages: list[tuple[Any, ...]]) -> set[CallState]:
+    def _handle(self, link: Link, messages: list[p.Ready | p.CallMessage]) -> set[CallState]:
         woken: set[CallState] = set()
         with self.lock:
             for message in messages:
-                tag = message[0]
-                if tag == p.READY:
+                if isinstance(message, p.Ready):
                     self._ready(link)
                     woken.update(self.calls.values())
                     continue
-                call = self.calls.get(message[1])
+                call = self.calls.get(message.call)
                 if call is not None and call.on_message(link, message):
                     woken.add(call)
         return woken
@@ -300,7 +307,7 @@ class Fleet:
         for kind, requests in seat.to_verify.items():
             if requests:
                 link.verifying.extend((call, index) for call, index, _ in requests)
-                link.send(pickle.dumps((p.VERIFY, kind.value, list(requests))))
+                link.send(pickle.dumps(p.Verify(kind.value, list(requests))))
         seat.to_verify.clear()
 
     def _lost(self, link: Link, why: str) -> set[CallState]:

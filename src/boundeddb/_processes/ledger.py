@@ -1,22 +1,23 @@
 """
 What the parent knows of each unit of one ``ProcessRunner.map()`` call, and when.
 
-Each unit the call pulled from the input is, at every moment, in exactly one of these states
-(all under the fleet's lock, changed by the call's loop or by a seat's reader thread):
+Each unit the call pulled from the input is, at every moment, in exactly one of these states.
+The call's loop and the seats' reader threads change them under the fleet's lock.
 
-- *pending*: pulled, not handed to a worker (or handed back: returned, or its worker died
-  before it started it);
-- *handed*: sent to a worker, with a place of its marks (``where[i] = (link, item, place, when)``);
-- *started*: the worker marked it begun before the unit's first statement (in the shared marks,
-  read when the worker died; or by a STARTED message, ``where[i] = (link, None, place, when)``);
-- *committing*: the worker marked it committing before its COMMIT (by message with its value and,
-  with ``verify_commits``, its transaction id: ``committing[i]``);
-- *verifying*: its worker died while committing it, and the next worker in the seat asks the
-  server what became of it (``verify_commits=True``);
+- *pending*: pulled and not handed to a worker, or handed back: returned, or its worker died
+  before it started it.
+- *handed*: sent to a worker, with a place of its marks: ``where[i] = (link, item, place, when)``.
+- *started*: the worker marked it begun before the unit's first statement, in the shared marks that
+  are read when the worker died, or by a Begun message: ``where[i] = (link, None, place, when)``.
+- *committing*: the worker marked it committing before its COMMIT, by a message with its value and,
+  with ``verify_commits``, its transaction id: ``committing[i]``.
+- *verifying*: with ``verify_commits=True``, its worker died while committing it, and the next
+  worker in the seat asks the server what became of it.
 - *settled*: it has an outcome.
 
-A dead worker's handed units go back to pending (they run elsewhere: nothing is lost), its
-started ones settle as failures (nothing runs twice), with ``commit_unknown`` for those committing.
+When a worker dies, its handed units go back to pending and run elsewhere: nothing is lost.
+Its started units settle as failures, so nothing runs twice, with ``commit_unknown`` for those
+committing.
 """
 
 from __future__ import annotations
@@ -30,11 +31,9 @@ from typing import Any
 
 import anyio
 
-from .._core.recorder import LoopLag, Totals
-from .._core.run import failures_error
+from .._core.recorder import Totals
 from .._errors import UnpicklableError, WorkerLostError
-from .._outcome import Outcome, RunReport
-from .._stats import RunStats, percentile
+from .._outcome import Outcome
 from .._telemetry import CallTelemetry
 from . import protocol as p
 from .fleet import Link
@@ -44,7 +43,7 @@ __all__ = ["Ledger"]
 
 
 class Ledger:
-    """The states of one call's units (see the module docstring), and the wake-up of the call's loop."""
+    """The states of one call's units, listed in the module docstring, and the wake-up of the call's loop."""
 
     def __init__(
         self,
@@ -56,23 +55,23 @@ class Ledger:
         telemetry: CallTelemetry | None = None,
     ) -> None:
         self.id = 0  # set when the fleet registers it
-        #: The runner's counters since it was made, and the call's metrics (``instrument()``).
+        #: The runner's counters since it was made, and the call's metrics under ``instrument()``.
         self._totals = totals
         self._telemetry = telemetry
         self.kind = kind
         self.stop_on_failure = stop_on_failure
         self.verify = verify
         self.pending: deque[tuple[int, bytes]] = deque()
-        #: Units handed to a worker: (link, item or None once STARTED, place, when handed or STARTED).
+        #: Units handed to a worker: ``(link, item or None once Begun, place, when handed or Begun)``.
         self.where: dict[int, tuple[Link, bytes | None, int, float]] = {}
         self.committing: dict[int, tuple[str | None, bytes]] = {}
         self.verifying: dict[int, float] = {}
         self.outcomes: list[Outcome[Any]] = []
-        #: Workers this call is open on (CALL sent, CLOSED not yet received).
+        #: Workers this call is open on: CallBegins sent, Closed not yet received.
         self.open_on: set[Link] = set()
         self.stopping = False
         self.cancelled = False
-        #: The input is exhausted: the loop wants to hear of every unit that settles (to end).
+        #: The input is exhausted: the loop wants to hear of every unit that settles, to end.
         self.draining = False
         self.error: BaseException | None = None
         #: What each worker said of the call when it closed it: peak connections, peak units in flight.
@@ -84,12 +83,12 @@ class Ledger:
     # -- from a seat's reader thread, under the fleet's lock ------------------------------------------
 
     def wake(self) -> None:
-        """Wake the call's loop (any thread)."""
+        """Wake the call's loop, from any thread."""
         with contextlib.suppress(OSError):  # BlockingIOError: a wake-up is pending already
             self._waker.send(b"\0")
 
     def settle(self, outcome: Outcome[Any]) -> None:
-        """Record a unit's outcome; with errors="raise", a failure stops the call (under the lock)."""
+        """Record a unit's outcome, under the lock. With errors="raise", a failure stops the call."""
         self.outcomes.append(outcome)
         self._totals.add(outcome)
         if self._telemetry is not None:
@@ -99,51 +98,64 @@ class Ledger:
 
     @property
     def in_flight(self) -> int:
-        """Units started and not settled, as far as the parent can tell now (for statistics)."""
+        """Units started and not settled, as far as the parent can tell now, for statistics."""
         return sum(1 for link, item, place, _ in self.where.values() if _begun(link, item, place))
 
-    def on_message(self, link: Link, message: tuple[Any, ...]) -> bool:
-        """Take in what a worker said of this call; whether the call's loop has something to do now."""
-        tag = message[0]
-        if tag == p.OUTCOME:
-            _, _, index, latency, wait, attempts, unknown, verified, failed, data, text = message
-            link.free_place(self.where.pop(index)[2])
-            link.handed -= 1
-            committed = self.committing.pop(index, None)
-            value, error = None, None
-            if failed:
-                error = p.load_error(data, text, index)
-            else:
-                value, error = _load_value(data if committed is None else committed[1], index)
-            self.settle(Outcome(index, value, error, latency, wait, attempts, unknown, verified))
-            # The loop refills a worker once only its share is left handed to it (call.py).
-            return self.draining or self.stopping or link.handed <= link.seat.units
-        if tag == p.STARTED:
-            index = message[2]
+    def on_message(self, link: Link, message: p.CallMessage) -> bool:
+        """Take in what a worker said of this call: whether the call's loop has something to do now."""
+        if isinstance(message, p.Settled):
+            return self._on_settled(link, message)
+        if isinstance(message, p.Begun):
+            index = message.unit
             self.where[index] = (link, None, self.where[index][2], perf_counter())
             return False
-        if tag == p.COMMITTING:
-            self.committing[message[2]] = (message[3], message[4])
+        if isinstance(message, p.Committing):
+            self.committing[message.unit] = (message.xid, message.value)
             return False
-        if tag == p.RETURNED:
-            for index in message[2]:
+        if isinstance(message, p.Returned):
+            for index in message.indexes:
                 _, item, place, _ = self.where.pop(index)
                 link.free_place(place)
-                link.handed -= 1
+                link.take_back()
                 if item is not None and not self.stopping:
                     self.pending.appendleft((index, item))
-        elif tag == p.CLOSED:
+        elif isinstance(message, p.Closed):
             self.open_on.discard(link)
-            self.peaks[link] = (message[2], message[3])
-        elif tag == p.CALL_FAILED:
+            self.peaks[link] = (message.peak_connections, message.peak_units)
+        elif isinstance(message, p.CallFailed):
             if self.error is None:
-                self.error = p.load_error(message[2], message[3], -1)
+                self.error = p.load_error(message.error, message.text, -1)
             self.stopping = True
-        elif tag == p.VERIFIED:
-            if (self.id, message[2]) in link.verifying:
-                link.verifying.remove((self.id, message[2]))
-            self.on_verified(message[2], message[3])
+        elif isinstance(message, p.Verified):
+            if (self.id, message.unit) in link.verifying:
+                link.verifying.remove((self.id, message.unit))
+            self.on_verified(message.unit, message.status)
         return True
+
+    def _on_settled(self, link: Link, message: p.Settled) -> bool:
+        index = message.unit
+        link.free_place(self.where.pop(index)[2])
+        link.take_back()
+        committed = self.committing.pop(index, None)
+        value, error = None, None
+        if message.failed:
+            error = p.load_error(message.data, message.text, index)
+        else:
+            value, error = _load_value(message.data if committed is None else committed[1], index)
+        self.settle(
+            Outcome(
+                index,
+                value,
+                error,
+                message.latency_s,
+                message.wait_s,
+                message.attempts,
+                message.commit_unknown,
+                message.commit_verified,
+            )
+        )
+        # The call's loop in call.py refills a worker once only its units in flight are left handed to it.
+        return self.draining or self.stopping or link.handed <= link.seat.units
 
     def on_lost(self, link: Link, why: str) -> tuple[bool, list[tuple[int, str]]]:
         """``link``'s worker died: whether this call held anything there, and the COMMITs to ask about."""
@@ -185,7 +197,7 @@ class Ledger:
         return touched, to_verify
 
     def on_verified(self, index: int, status: str) -> None:
-        """What the server said of a COMMIT whose worker died (``"unknown"`` if nobody could ask)."""
+        """What the server said of a COMMIT whose worker died, or ``"unknown"`` if nobody could ask."""
         started = self.verifying.pop(index, None)
         if started is None:
             return
@@ -200,6 +212,49 @@ class Ledger:
         else:
             self.settle(Outcome(index, None, error, latency, 0.0, commit_unknown=True))
 
+    def queue(self, new: list[tuple[int, bytes]]) -> None:
+        """Pulled units, numbered and pickled, to hand out. Nothing is queued once the call stops."""
+        if self.stopping:
+            self.pending.clear()
+        else:
+            self.pending.extend(new)
+
+    def open(self, link: Link) -> bool:
+        """The call is open on ``link``'s worker from now on. True if it was not: send CallBegins first."""
+        if link in self.open_on:
+            return False
+        self.open_on.add(link)
+        return True
+
+    def hand(self, link: Link, room: int, now: float) -> list[tuple[int, bytes, int]]:
+        """Up to ``room`` pending units handed to ``link``'s worker now: ``(index, item, place)`` each."""
+        handed = [(*self.pending.popleft(), link.take_place()) for _ in range(min(room, len(self.pending)))]
+        for index, item, place in handed:
+            self.where[index] = (link, item, place, now)
+        link.hand(len(handed))
+        return handed
+
+    def stop(self, *, draining: bool = False) -> None:
+        """Start no more units after a failure or the input's, and hear of every unit that settles."""
+        self.stopping = True
+        self.draining = self.draining or draining
+
+    def drain(self) -> None:
+        """The input is exhausted: the loop wants to hear of every unit that settles, to end."""
+        self.draining = True
+
+    def fail(self, error: BaseException) -> None:
+        """The fleet broke and the call cannot go on: ``error`` is what it raises."""
+        if self.error is None:
+            self.error, self.stopping = error, True
+            for index in list(self.verifying):
+                self.on_verified(index, "unknown")
+
+    def cancel(self) -> None:
+        """The caller cancelled the call: nothing more runs, nothing pending is handed out."""
+        self.cancelled = self.stopping = True
+        self.pending.clear()
+
     def waiting(self) -> int:
         """Units pulled and not started yet: pending, or handed to a worker that has not started them."""
         begun = sum(1 for link, item, place, _ in self.where.values() if _begun(link, item, place))
@@ -208,7 +263,7 @@ class Ledger:
     # -- the call's loop's side -----------------------------------------------------------------------
 
     async def wait(self) -> None:
-        """Until a reader thread calls :meth:`wake` (at once if it did since the last wait)."""
+        """Until a reader thread calls :meth:`wake`, at once if it did since the last wait."""
         await anyio.wait_readable(self._wakeup)
         with contextlib.suppress(BlockingIOError):
             while self._wakeup.recv(4096):
@@ -218,53 +273,14 @@ class Ledger:
         self._wakeup.close()
         self._waker.close()
 
-    def report(
-        self, started: float, limit: int, loop_lag: LoopLag | None, input_error: BaseException | None
-    ) -> RunReport[Any]:
-        """The call's report, or what it owes its caller: the input's error, a worker's, or RunFailed."""
-        elapsed = perf_counter() - started
-        outcomes = sorted(self.outcomes, key=lambda outcome: outcome.index)
-        latencies = sorted(outcome.latency_s for outcome in outcomes)
-        succeeded = sum(1 for outcome in outcomes if outcome.error is None)
-        lag_p99, lag_max = loop_lag.summary() if loop_lag is not None else (None, None)
-        stats = RunStats(
-            submitted=len(outcomes),
-            succeeded=succeeded,
-            failed=len(outcomes) - succeeded,
-            elapsed_s=elapsed,
-            throughput=len(outcomes) / elapsed if elapsed > 0 else 0.0,
-            latency_p50_s=percentile(latencies, 0.50),
-            latency_p95_s=percentile(latencies, 0.95),
-            latency_p99_s=percentile(latencies, 0.99),
-            latency_max_s=latencies[-1] if latencies else 0.0,
-            peak_in_flight=sum(units for _, units in self.peaks.values()),
-            peak_connections=sum(connections for connections, _ in self.peaks.values()),
-            loop_lag_p99_s=lag_p99,
-            loop_lag_max_s=lag_max,
-            retried=sum(max(0, outcome.attempts - 1) for outcome in outcomes),
-            limit_min=limit,
-            limit_max=limit,
-            limit_final=limit,
-            limit_trace=((0.0, limit),),
-            commits_verified=sum(1 for outcome in outcomes if outcome.commit_verified),
-        )
-        report = RunReport(outcomes, stats)
-        if input_error is not None:
-            raise input_error
-        if self.error is not None:
-            raise self.error
-        if self.stop_on_failure and (failed := failures_error(report)) is not None:
-            raise failed
-        return report
-
 
 def _begun(link: Link, item: bytes | None, place: int) -> bool:
-    """Whether a handed unit has begun: its worker said so, or marked it so (read live: a snapshot)."""
+    """Whether a handed unit has begun: its worker said so, or its mark, read live as a snapshot, says so."""
     return item is None or link.mark(place) != p.MARK_HANDED
 
 
 def _load_value(payload: bytes | None, index: int) -> tuple[Any, Exception | None]:
-    """A committed unit's value, unpickled here; or the error that says it could not be."""
+    """A committed unit's value, unpickled here, or the error that says it could not be."""
     if payload is None:
         return None, None
     try:

@@ -1,4 +1,8 @@
-"""A ProcessRunner's arguments checked before any worker starts: its budget, its workers, ``fn``."""
+"""
+The checks of a ProcessRunner's arguments, made before any worker starts, and each worker's settings.
+
+They cover its budget, its workers and ``fn``.
+"""
 
 from __future__ import annotations
 
@@ -62,7 +66,7 @@ def _check_engine_options(options: object) -> dict[str, Any]:
 
 
 def check_fn(fn: object) -> tuple[Kind, bytes]:
-    """``fn``'s kind (async or not) and its pickle, if workers can import it by name."""
+    """Whether ``fn`` is async, and its pickle, if workers can import it by name."""
     if not callable(fn):
         msg = f"fn must be callable as fn(session, item), got {fn!r}: pass a module-level function"
         raise TypeError(msg)
@@ -108,7 +112,7 @@ def check_driver(kind: Kind, url: URL) -> None:
 
 
 def _shares(limit: int, processes: int) -> list[int]:
-    """``limit`` split over ``processes`` as evenly as it goes (the first ones take one more)."""
+    """``limit`` split over ``processes`` as evenly as it goes: the first ones take one more."""
     base, extra = divmod(limit, processes)
     return [base + (1 if number < extra else 0) for number in range(processes)]
 
@@ -137,7 +141,7 @@ class Plan:
         cluster: object,
         batch: object = None,
     ) -> Plan:
-        """Check every argument (before any worker starts), each error naming it and the fix."""
+        """Check every argument before any worker starts, each error naming it and the fix."""
         parsed = _check_url(url)
         checked_batch = check_batch(batch)
         budget = check_positive_int(

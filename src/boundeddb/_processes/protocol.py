@@ -1,4 +1,8 @@
-"""What crosses the process boundary of a ProcessRunner: a worker's settings, and the messages both ways."""
+"""
+The protocol between a ProcessRunner's parent and its workers: all that crosses the process boundary.
+
+That is a worker's settings, the marks a worker makes of its units, and the messages both ways.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import enum
 import pickle
 import traceback
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.engine import URL
 
@@ -16,8 +20,24 @@ from .._errors import UnpicklableError
 from .._retry import RetryPolicy
 
 __all__ = [
+    "Begun",
+    "CallBegins",
+    "CallFailed",
+    "CallMessage",
+    "Cancel",
+    "Close",
+    "Closed",
+    "Committing",
+    "Exit",
     "Kind",
+    "Ready",
     "RemoteTraceback",
+    "Returned",
+    "Settled",
+    "Stop",
+    "Units",
+    "Verified",
+    "Verify",
     "WorkerConfig",
     "dump_error",
     "dump_value",
@@ -54,56 +74,169 @@ class WorkerConfig:
 
 
 # -- marks: what a worker's units have begun, where the parent reads it when the worker dies -------
-# The parent gives each unit it hands to a worker a *place* (an index into the worker's marks, free
-# again once the unit settled or came back) and clears its mark. The worker marks the unit before
+# The parent gives each unit it hands to a worker a *place*, an index into the worker's marks that is
+# free again once the unit settled or came back, and clears its mark. The worker marks the unit before
 # the unit's first statement, and again before its COMMIT. A local worker stores the marks in memory
-# it shares with the parent: no message, no system call; the parent reads them only once the
-# worker has ended (so they cannot change any more). A worker that may be on another host (Dask)
-# has no shared memory: it sends each mark in a message instead (STARTED, COMMITTING), in the
+# it shares with the parent: no message, no system call. The parent reads them only once the
+# worker has ended, when they cannot change any more. A Dask worker may be on another host and
+# has no shared memory: it sends each mark in a Begun or Committing message instead, in the
 # pipe before the step it announces.
 MARK_HANDED = 0  # handed, not begun: if the worker dies, the unit runs on another
 MARK_BEGUN = 1  # its first statement may have been sent: if the worker dies, the unit failed
 MARK_COMMITTING = 2  # its COMMIT may have been sent: if the worker dies, its outcome is unknown
 
 
-def most_handed(share: int) -> int:
+def most_handed(units: int) -> int:
     """
-    Units the parent hands a worker with this share at most, so places of its marks.
+    Units the parent hands a worker with ``units`` in flight at most, so places of its marks.
 
-    Three times its share: the parent refills a worker once no more than its share is left handed
-    to it, so each refill is twice the share (at twice its share, a refill was the share: twice as
-    many for the parent to send and the worker to read).
+    Three times as many: the parent refills a worker once no more than ``units`` are left handed to
+    it, so each refill is twice ``units``.
     """
-    return 3 * share
+    return 3 * units
 
 
-# -- messages: tuples whose first item says what they are ------------------------------------------
+# -- messages: named records, pickled in lists, one list per write --------------------------------
 # Parent to worker.
-CALL = 1  # (CALL, call, kind, fn pickled): a call's function, before its first units
-UNITS = 2  # (UNITS, call, [(index, item pickled, place), ...]): units to run, in this order
-CLOSE = 3  # (CLOSE, call): no more units: finish, then CLOSED
-STOP = 4  # (STOP, call): start no more units (RETURNED), finish those in flight, then CLOSED
-CANCEL = 5  # (CANCEL, call): as STOP, and cancel the units in flight (rolled back)
-VERIFY = 6  # (VERIFY, kind, [(call, index, xid), ...]): ask the server what became of these COMMITs
-EXIT = 7  # (EXIT,): dispose of the engines and end
+
+
+class CallBegins(NamedTuple):
+    """A call's function, before its first units."""
+
+    call: int
+    kind: str
+    fn: bytes
+    #: The caller's trace context, when ``boundeddb.instrument()`` instruments it.
+    carrier: dict[str, str] | None
+
+
+class Units(NamedTuple):
+    """Units to run, in this order."""
+
+    call: int
+    #: ``(index, item pickled, place)`` for each unit.
+    units: list[tuple[int, bytes, int]]
+
+
+class Close(NamedTuple):
+    """No more units: finish, then :class:`Closed`."""
+
+    call: int
+
+
+class Stop(NamedTuple):
+    """Start no more units but send them back, finish those in flight, then :class:`Closed`."""
+
+    call: int
+
+
+class Cancel(NamedTuple):
+    """As :class:`Stop`, and cancel the units in flight: they roll back."""
+
+    call: int
+
+
+class Verify(NamedTuple):
+    """Ask the server what became of these COMMITs of a dead worker."""
+
+    kind: str
+    #: ``(call, index, transaction id)`` for each COMMIT.
+    requests: list[tuple[int, int, str]]
+
+
+class Exit(NamedTuple):
+    """Dispose of the engines and end."""
+
+
 # Worker to parent.
-READY = 11  # (READY, pid): the worker serves
-STARTED = 12  # (STARTED, call, index): MARK_BEGUN, by message (no shared marks)
-#: (COMMITTING, call, index, xid, value pickled): MARK_COMMITTING by message (no shared marks), or,
-#: with ``verify_commits``, what the parent needs to ask the server if the worker dies.
-COMMITTING = 13
-#: (OUTCOME, call, index, latency, wait, attempts, unknown, verified, failed, data, text): ``data``
-#: is the error pickled if it failed, else the value pickled (None if COMMITTING carried it).
-OUTCOME = 14
-RETURNED = 15  # (RETURNED, call, [index, ...]): handed units it will not start
-#: (CLOSED, call, peak connections, peak units in flight): nothing of the call is left on this worker.
-CLOSED = 16
-CALL_FAILED = 17  # (CALL_FAILED, call, error pickled, text): the call cannot run here (no engine)
-VERIFIED = 18  # (VERIFIED, call, index, "committed" | "aborted" | "unknown")
+
+
+class Ready(NamedTuple):
+    """The worker serves."""
+
+    pid: int
+
+
+class Begun(NamedTuple):
+    """``MARK_BEGUN`` by message, where no marks are shared."""
+
+    call: int
+    #: The unit's index in the call's input.
+    unit: int
+
+
+class Committing(NamedTuple):
+    """
+    ``MARK_COMMITTING`` by message, where no marks are shared.
+
+    With ``verify_commits``, every worker sends it: it holds what the parent needs to ask the server
+    if the worker dies.
+    """
+
+    call: int
+    #: The unit's index in the call's input.
+    unit: int
+    xid: str | None
+    #: The unit's value, pickled.
+    value: bytes
+
+
+class Settled(NamedTuple):
+    """A unit's outcome."""
+
+    call: int
+    #: The unit's index in the call's input.
+    unit: int
+    latency_s: float
+    wait_s: float
+    attempts: int
+    commit_unknown: bool
+    commit_verified: bool
+    failed: bool
+    #: The error pickled if it failed, else the value pickled, or None if :class:`Committing` carried it.
+    data: bytes | None
+    #: The error's traceback, if it failed.
+    text: str
+
+
+class Returned(NamedTuple):
+    """Handed units the worker will not start."""
+
+    call: int
+    indexes: list[int]
+
+
+class Closed(NamedTuple):
+    """Nothing of the call is left on this worker."""
+
+    call: int
+    peak_connections: int
+    peak_units: int
+
+
+class CallFailed(NamedTuple):
+    """The call cannot run on this worker: it has no engine, say."""
+
+    call: int
+    error: bytes | None
+    text: str
+
+
+class Verified(NamedTuple):
+    """What the server said of a dead worker's COMMIT: "committed", "aborted" or "unknown"."""
+
+    call: int
+    #: The unit's index in the call's input.
+    unit: int
+    status: str
+
+
+#: What a worker says of one call.
+CallMessage = Begun | Committing | Settled | Returned | Closed | CallFailed | Verified
 
 
 class RemoteTraceback(Exception):
-    """The traceback of an exception raised in a worker process (its ``__cause__`` in the caller)."""
+    """The traceback of an exception raised in a worker process, its ``__cause__`` in the caller."""
 
     def __init__(self, text: str) -> None:
         super().__init__(text)
@@ -114,7 +247,7 @@ class RemoteTraceback(Exception):
 
 
 def dump_value(value: Any, index: int) -> bytes:
-    """``value`` pickled, or :class:`UnpicklableError` (raised inside the unit, so it rolls back)."""
+    """``value`` pickled, or :class:`UnpicklableError`, raised inside the unit so that it rolls back."""
     try:
         return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     except Exception as error:
@@ -127,7 +260,7 @@ def dump_value(value: Any, index: int) -> bytes:
 
 
 def dump_error(error: BaseException, index: int) -> tuple[bytes | None, str]:
-    """A unit's exception pickled (``None`` if it cannot be), and its traceback as text."""
+    """A unit's exception pickled, or ``None`` if it cannot be, and its traceback as text."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     try:
         return pickle.dumps(error, pickle.HIGHEST_PROTOCOL), text
@@ -136,7 +269,7 @@ def dump_error(error: BaseException, index: int) -> tuple[bytes | None, str]:
 
 
 def load_error(data: bytes | None, text: str, index: int) -> Exception:
-    """The exception a worker sent, with its traceback as ``__cause__``; or an UnpicklableError."""
+    """The exception a worker sent, or an UnpicklableError, with its traceback as ``__cause__``."""
     error: Exception | None = None
     why = "it could not be pickled in the worker"
     if data is not None:

@@ -1,4 +1,4 @@
-"""ProcessRunner: units spread over worker processes (or a Dask cluster) under one connection budget."""
+"""ProcessRunner: units spread over worker processes or a Dask cluster under one connection budget."""
 
 from __future__ import annotations
 
@@ -38,42 +38,42 @@ class ProcessRunner:
     Run ``fn(session, item)`` for many items in worker processes, under one connection budget.
 
     One Python process is one core of ORM work: when the client's CPU, not the database, is what a
-    backfill or an import waits for, spread it over processes (or a Dask cluster's workers). Each
+    backfill or an import waits for, spread it over processes or over a Dask cluster's workers. Each
     worker builds its engine once, with a pool of exactly its share of ``limit``, and runs its units
     as the in-process runners do: :class:`~boundeddb.SemaphoreRunner` for ``async def fn``,
     :class:`~boundeddb.ThreadOffloadRunner` for a plain ``def fn``. So units in flight, and
-    connections, over all workers never exceed ``limit``; each unit gets its own session and
+    connections, over all workers never exceed ``limit``. Each unit gets its own session and
     transaction, committed if ``fn`` returns and rolled back if it raises.
 
-    Workers are started with ``spawn`` (nothing is forked: no engine, loop or connection crosses a
-    process boundary) when the runner is entered or at its first call, and serve every call until
-    the runner is closed. Items and ``fn`` are pickled; ``fn`` must be a module-level function (or a
-    :func:`functools.partial` of one) that workers import by name, and a program that creates the
+    Workers are started with ``spawn`` when the runner is entered or at its first call, and serve
+    every call until the runner is closed. Nothing is forked: no engine, loop or connection crosses
+    a process boundary. Items and ``fn`` are pickled. ``fn`` must be a module-level function, or a
+    :func:`functools.partial` of one, that workers import by name, and a program that creates the
     runner needs an ``if __name__ == "__main__":`` guard. See :doc:`/how-to/processes`.
 
     Args:
-        url: The database URL each worker builds its engine from (its driver decides async or sync
-            units: ``postgresql+psycopg`` serves both).
+        url: The database URL each worker builds its engine from. Its driver decides async or sync
+            units, and ``postgresql+psycopg`` serves both.
         limit: The whole budget: units in flight, and connections, over all workers.
-        processes: How many workers; defaults to ``min(cores, limit)`` (with ``cluster``, the
-            cluster's workers instead of the cores). At most ``limit``.
-        engine_options: Keyword arguments for each worker's ``create_engine`` /
-            ``create_async_engine`` (picklable); ``pool_size`` and ``max_overflow`` are the runner's.
+        processes: How many workers. Defaults to ``min(cores, limit)``, counting the cluster's
+            workers instead of the cores with ``cluster``. At most ``limit``.
+        engine_options: Picklable keyword arguments for each worker's ``create_engine`` or
+            ``create_async_engine``. ``pool_size`` and ``max_overflow`` are the runner's.
         errors: ``"raise"`` or ``"collect"``, as for :class:`~boundeddb.SemaphoreRunner`.
-        retry: See :class:`~boundeddb.RetryPolicy` (picklable: a module-level ``retry_on``).
+        retry: See :class:`~boundeddb.RetryPolicy`. It must be picklable: a module-level ``retry_on``.
         timeout: Seconds each unit attempt may take, as for the in-process runners.
-        verify_commits: As for :class:`~boundeddb.SemaphoreRunner`; also resolves the COMMIT of a unit
-            whose worker died while committing it.
-        cluster: A :class:`distributed.Client` (Dask, ``pip install 'boundeddb[dask]'``): workers run as
-            long-lived tasks on its workers, each connecting back to this process.
-        batch: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.3.0*): each worker puts up to
-            ``size`` of its units in one transaction, so ``limit`` still bounds connections. A unit
-            whose worker dies while its batch commits is ``commit_unknown``, as every unit of that
-            batch is.
+        verify_commits: As for :class:`~boundeddb.SemaphoreRunner`. It also resolves the COMMIT of a
+            unit whose worker died while committing it.
+        cluster: A Dask :class:`distributed.Client`, from ``pip install 'boundeddb[dask]'``. Workers
+            run as long-lived tasks on its workers, each connecting back to this process.
+        batch: As for :class:`~boundeddb.SemaphoreRunner`. Each worker puts up to ``size`` of its
+            units in one transaction, so ``limit`` still bounds connections. A unit whose worker
+            dies while its batch commits is ``commit_unknown``, as every unit of that batch is.
+            *New in 0.3.0.*
 
-    A worker that dies (the OOM killer, SIGKILL) loses and repeats nothing: the units it had
-    started fail with :class:`~boundeddb.WorkerLostError` (``commit_unknown`` where its COMMIT may
-    have been sent), the units it had been handed but not started run on other workers, and a new
+    A worker that dies, to the OOM killer or a SIGKILL, loses and repeats nothing. The units it had
+    started fail with :class:`~boundeddb.WorkerLostError`, and are ``commit_unknown`` where its COMMIT
+    may have been sent. The units it had been handed but not started run on other workers, and a new
     worker takes its place.
 
     .. versionadded:: 0.2.0
@@ -122,7 +122,7 @@ class ProcessRunner:
         What the runner's calls hold and what waits now, and its counters since it was made.
 
         As :meth:`boundeddb.SemaphoreRunner.statistics`: ``in_flight`` counts the units the workers
-        said they started, ``waiting`` those pulled and not started yet; no priorities.
+        said they started, ``waiting`` those pulled and not started yet. It has no priorities.
         """
         in_flight, waiting = self._fleet.figures()
         empty: Mapping[int, int] = types.MappingProxyType({})
@@ -139,7 +139,7 @@ class ProcessRunner:
     # -- lifecycle ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the workers now (the first call does it otherwise); returns without waiting for them."""
+        """Start the workers now rather than at the first call, without waiting for them to be ready."""
         self._check_open()
         self._fleet.start()
 
@@ -191,14 +191,14 @@ class ProcessRunner:
         """
         Run ``fn(session, item)`` for every item in the workers, each unit in its own session and transaction.
 
-        Items are pulled lazily and sent to the workers in groups that keep each one busy (at most
-        three times its share handed to it at once). Awaiting it never blocks the event loop
-        (asyncio or trio).
+        Items are pulled lazily and sent to the workers in groups that keep each one busy, with at
+        most three times its share handed to it at once. Awaiting it never blocks the event loop,
+        under asyncio or trio.
 
         Args:
             fn: A module-level ``async def fn(session: AsyncSession, item)`` or
-                ``def fn(session: Session, item)``;
-                its value must be picklable.
+                ``def fn(session: Session, item)``.
+                Its value must be picklable.
             items: Iterable or async iterable of picklable items.
 
         Returns:
@@ -207,11 +207,11 @@ class ProcessRunner:
             was seen have no outcome, so ``outcomes[i].index`` may skip them.
 
         Raises:
-            RunFailed: with ``errors="raise"``, after the first failure (as for the other runners).
+            RunFailed: with ``errors="raise"``, after the first failure, as for the other runners.
             WorkerStartError: the workers could not be started.
 
-        Cancelling the call cancels the units in flight on every worker (rolled back, nothing
-        commits after a worker has seen the cancellation) and waits for them before it propagates.
+        Cancelling the call cancels the units in flight on every worker and waits for them before it
+        propagates. They roll back: nothing commits after a worker has seen the cancellation.
         """
         return await self._map(fn, items, measure_loop_lag=True)
 
@@ -227,11 +227,11 @@ class ProcessRunner:
         """
         Run :meth:`map` from plain sync code and return its report.
 
-        Ctrl-C (:exc:`KeyboardInterrupt`) cancels the units in flight on every worker before it
-        propagates; the workers themselves ignore it.
+        Ctrl-C, a :exc:`KeyboardInterrupt`, cancels the units in flight on every worker before it
+        propagates. The workers themselves ignore it.
 
         Raises:
-            RuntimeError: if called from async code; ``await runner.map(fn, items)`` there instead.
+            RuntimeError: if called from async code. There, ``await runner.map(fn, items)`` instead.
         """
         call = partial(self._map, fn, items, measure_loop_lag=False)
         report: RunReport[Any] = run_blocking(call, "map_sync", "await runner.map(fn, items)")

@@ -1,4 +1,4 @@
-"""The worker side of a ProcessRunner: a process (or Dask task) running units with an in-process runner."""
+"""The worker side of a ProcessRunner: a process or a Dask task running units with an in-process runner."""
 
 from __future__ import annotations
 
@@ -34,13 +34,13 @@ __all__ = ["main", "serve"]
 
 
 def main(connection: Connection, config: WorkerConfig, marks: Any | None) -> None:
-    """Serve as a local worker process until the parent says exit or goes away; ``marks`` is shared."""
+    """Serve as a local worker process until the parent says exit or goes away. ``marks`` is shared."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it cancels what runs here
     serve(connection, config, None if marks is None else memoryview(marks).cast("B"))
 
 
 def serve(connection: Connection, config: WorkerConfig, marks: memoryview | None = None) -> None:
-    """Serve over ``connection`` in this thread, on an event loop of its own (marks: see ``protocol``)."""
+    """Serve over ``connection`` in this thread, on an event loop of its own. See ``protocol`` for marks."""
     try:
         asyncio.run(WorkerSide(connection, config, marks).serve())
     finally:
@@ -60,14 +60,14 @@ def _hang_up(connection: Connection) -> None:
 
 
 class WorkerSide:
-    """One worker: its engine (one per kind of function, built once), its gate, and the calls it serves."""
+    """One worker: an engine built once per kind of function, its gate, and the calls it serves."""
 
     def __init__(self, connection: Connection, config: WorkerConfig, marks: memoryview | None) -> None:
         self._connection = connection
         self._config = config
         self.marks = marks
         self._send_lock = threading.Lock()
-        #: Messages to send with the next write (see post()).
+        #: Messages to send with the next write; see ``post()``.
         self._posted: list[tuple[Any, ...]] = []
         self._calls: dict[int, WorkerCall] = {}
         self._engines: dict[Kind, Engine | AsyncEngine] = {}
@@ -77,7 +77,7 @@ class WorkerSide:
         self.gate = Gate(config.units, self._dispose)
 
     def send(self, message: tuple[Any, ...]) -> None:
-        """Send ``message``, after what was posted, to the parent (any thread): in the pipe on return."""
+        """Send ``message`` to the parent after what was posted, from any thread: in the pipe on return."""
         with self._send_lock:
             self._posted.append(message)
             self._write()
@@ -97,13 +97,13 @@ class WorkerSide:
             self.flush()
 
     def flush(self) -> None:
-        """Send what was posted now (any thread)."""
+        """Send what was posted now, from any thread."""
         with self._send_lock:
             if self._posted:
                 self._write()
 
     def _write(self) -> None:
-        """One write of every message posted, in order, as one list (under the send lock)."""
+        """One write of every message posted, in order, as one list. Under the send lock."""
         data = pickle.dumps(self._posted, pickle.HIGHEST_PROTOCOL)
         self._posted = []
         self._connection.send_bytes(data)
@@ -113,7 +113,7 @@ class WorkerSide:
         self._loop_thread = threading.get_ident()
         self._done = asyncio.Event()
         threading.Thread(target=self._read, name="boundeddb-worker-reader", daemon=True).start()
-        self.send((p.READY, os.getpid()))
+        self.send(p.Ready(os.getpid()))
         try:
             await self._done.wait()
         finally:
@@ -141,25 +141,25 @@ class WorkerSide:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _on_message(self, message: tuple[Any, ...]) -> None:
-        tag = message[0]
-        if tag == p.UNITS:
-            call = self._calls.get(message[1])
+    def _on_message(self, message: Any) -> None:
+        kind = type(message)
+        if kind is p.Units:
+            call = self._calls.get(message.call)
             if call is None:  # refused or finished: give them back
-                self.send((p.RETURNED, message[1], [index for index, _ in message[2]]))
+                self.send(p.Returned(message.call, [index for index, _, _ in message.units]))
             else:
-                call.add(message[2])
-        elif tag == p.CALL:
-            _, call_id, kind, fn, carrier = message
-            call = self._calls[call_id] = WorkerCall(self, call_id, Kind(kind), fn, carrier)
+                call.add(message.units)
+        elif kind is p.CallBegins:
+            call = WorkerCall(self, message.call, Kind(message.kind), message.fn, message.carrier)
+            self._calls[message.call] = call
             call.task = self._spawn(self._run(call))
-        elif tag in (p.CLOSE, p.STOP, p.CANCEL):
-            call = self._calls.get(message[1])
+        elif kind is p.Close or kind is p.Stop or kind is p.Cancel:
+            call = self._calls.get(message.call)
             if call is not None:
-                (call.close if tag == p.CLOSE else call.stop if tag == p.STOP else call.cancel)()
-        elif tag == p.VERIFY:
-            self._spawn(self._verify(Kind(message[1]), message[2]))
-        elif tag == p.EXIT:
+                (call.close if kind is p.Close else call.stop if kind is p.Stop else call.cancel)()
+        elif kind is p.Verify:
+            self._spawn(self._verify(Kind(message.kind), message.requests))
+        elif kind is p.Exit:
             self._done.set()
 
     # -- engines and runners ---------------------------------------------------------------------
@@ -207,7 +207,7 @@ class WorkerSide:
             except Exception as error:
                 call.stop()
                 data, text_ = p.dump_error(error, -1)
-                self.send((p.CALL_FAILED, call.id, data, text_))
+                self.send(p.CallFailed(call.id, data, text_))
                 return
             peaks = track_peak(engine.pool if isinstance(engine, Engine) else engine.sync_engine.pool)
             try:
@@ -224,7 +224,7 @@ class WorkerSide:
             call.held = 0
             self._calls.pop(call.id, None)
             with contextlib.suppress(OSError):
-                self.send((p.CLOSED, call.id, peak, call.peak_held))
+                self.send(p.Closed(call.id, peak, call.peak_held))
 
     # -- what became of a COMMIT when the worker sending it died ---------------------------------
 
@@ -247,6 +247,6 @@ class WorkerSide:
                     status = "committed" if verdict.committed else "aborted"
                 except Exception:  # CommitUnknown, or no connection to ask on
                     status = "unknown"
-                self.send((p.VERIFIED, call, index, status))
+                self.send(p.Verified(call, index, status))
         finally:
             self.gate.release()

@@ -24,19 +24,19 @@ class Outbox(Protocol):
     """What a call needs of its worker: the pipe to the parent, its marks, the gate, and the id's SQL."""
 
     gate: Gate
-    #: The marks the worker shares with the parent (``protocol``), or None: it sends them instead.
+    #: The marks the worker shares with the parent, described in ``protocol``, or None: it sends them.
     marks: memoryview | None
-    #: With ``verify_commits``: the SQL that reads a transaction's id; else None.
+    #: With ``verify_commits``, the SQL that reads a transaction's id, else None.
     xid_sql: str | None
 
     def send(self, message: tuple[Any, ...]) -> None:
-        """Send ``message`` (after those posted): in the pipe when this returns (any thread)."""
+        """Send ``message`` after those posted, from any thread: in the pipe when this returns."""
 
     def post(self, message: tuple[Any, ...]) -> None:
         """Send ``message`` soon, with the next one sent."""
 
     def flush(self) -> None:
-        """Send what was posted now (any thread)."""
+        """Send what was posted now, from any thread."""
 
 
 class Gate:
@@ -55,7 +55,7 @@ class Gate:
         return self._switching or self._free == 0 or other_in_flight
 
     async def acquire(self, kind: Kind) -> None:
-        """Take a place; before the first unit of another kind, close the other engine's connections."""
+        """Take a place. Before the first unit of another kind, close the other engine's connections."""
         while self._blocked(kind):
             self._changed.clear()
             await self._changed.wait()
@@ -107,7 +107,7 @@ class _AsyncUnit:
 
 
 class _SyncUnit:
-    """``fn(session, item)`` on a Session, in a worker thread; as :class:`_AsyncUnit`."""
+    """``fn(session, item)`` on a Session, in a worker thread, as :class:`_AsyncUnit` does it."""
 
     __slots__ = ("_call", "_index", "_item", "_place")
 
@@ -137,14 +137,14 @@ class WorkerCall:
         self.kind = kind
         self.fn_bytes = fn
         self.fn: Any = None
-        #: The caller's trace context, when it is instrumented (``boundeddb.instrument()``).
+        #: The caller's trace context, when ``boundeddb.instrument()`` instruments it.
         self.carrier = carrier
         self.xid_sql = worker.xid_sql
         self.marks = worker.marks
-        #: Values of units that committed, to send with their outcomes (when no COMMITTING carried them).
+        #: Values of units that committed, to send with their outcomes unless a Committing carried them.
         self.values: dict[int, bytes] = {}
         self.queue: deque[tuple[int, bytes, int]] = deque()
-        #: The in-process runner's index of each started unit (pull order) -> the parent's index.
+        #: The in-process runner's index of each started unit, in pull order, to the parent's index.
         self.order: dict[int, int] = {}
         self._pulled = 0
         #: Gate places held by this call's units, and the most at once.
@@ -160,7 +160,7 @@ class WorkerCall:
 
     def add(self, units: Iterable[tuple[int, bytes, int]]) -> None:
         if self.stopping:
-            self.worker.send((p.RETURNED, self.id, [unit[0] for unit in units]))
+            self.worker.send(p.Returned(self.id, [unit[0] for unit in units]))
             return
         self.queue.extend(units)
         self._wakeup.set()
@@ -181,7 +181,7 @@ class WorkerCall:
 
     def return_queued(self) -> None:
         if self.queue:
-            self.worker.send((p.RETURNED, self.id, [unit[0] for unit in self.queue]))
+            self.worker.send(p.Returned(self.id, [unit[0] for unit in self.queue]))
             self.queue.clear()
 
     # -- the in-process runner's side --------------------------------------------------------------
@@ -205,14 +205,14 @@ class WorkerCall:
             self.order[self._pulled] = index
             self._pulled += 1
             if self.marks is None:
-                self.worker.post((p.STARTED, self.id, index))  # in the pipe before fn runs: see begin()
+                self.worker.post(p.Begun(self.id, index))  # in the pipe before fn runs: see begin()
             yield unit(self, index, item, place)
 
     def begin(self, place: int) -> None:
         """
         Mark a unit begun, before its first statement: a dead worker's begun units do not run again.
 
-        What was posted goes first (with message marks, this unit's STARTED): the outcomes of the
+        What was posted goes first, with message marks this unit's Begun too: the outcomes of the
         units that settled before it took their place, so that if the worker dies, no more than its
         share of units is ever in doubt.
         """
@@ -221,9 +221,9 @@ class WorkerCall:
             self.marks[place] = p.MARK_BEGUN
 
     def committing(self, index: int, place: int, xid: Any, payload: bytes) -> None:
-        """Mark a unit committing, before its COMMIT; with its value, where the parent may need it then."""
+        """Mark a unit committing before its COMMIT, with its value where the parent may need it then."""
         if self.marks is None or self.xid_sql is not None:
-            self.worker.send((p.COMMITTING, self.id, index, None if xid is None else str(xid), payload))
+            self.worker.send(p.Committing(self.id, index, None if xid is None else str(xid), payload))
         else:
             self.values[index] = payload
         if self.marks is not None:
@@ -237,8 +237,7 @@ class WorkerCall:
         value = self.values.pop(index, None)
         data, text_ = (value, "") if error is None else p.dump_error(error, index)
         self.worker.post(
-            (
-                p.OUTCOME,
+            p.Settled(
                 self.id,
                 index,
                 outcome.latency_s,

@@ -1,1 +1,1 @@
-"""The public runner classes, one module each, and what they share."""
+"""The in-process runners, one module each, and what they share."""

@@ -1,4 +1,8 @@
-"""What the two async runners share: an AsyncSession per unit, and their typed public verbs."""
+"""
+The base of the two async runners, which run each unit on an AsyncSession of its own.
+
+It holds their typed public verbs.
+"""
 
 from __future__ import annotations
 
@@ -66,24 +70,24 @@ class AsyncUnitsRunner(BaseRunner):
         Run every unit, each in its own session and transaction, at most :attr:`limit` at once.
 
         Units are pulled from ``units`` lazily, one slot at a time, so a generator of a million
-        units is fine. Each unit gets a new :class:`~sqlalchemy.ext.asyncio.AsyncSession`;
+        units is fine. Each unit gets a new :class:`~sqlalchemy.ext.asyncio.AsyncSession`, and
         its transaction commits if the unit returns and rolls back if it raises.
 
         Args:
             units: Iterable or async iterable of ``async def unit(session: AsyncSession) -> T``.
             priority: When a slot frees, the waiting unit of the highest priority gets it, first
-                come first served within one; each unit of the run waits for its slot before it
+                come first served within one. Each unit of the run waits for its slot before it
                 is pulled. Above 0, it may also use the runner's ``reserve``. *New in 0.2.0.*
             progress: ``True`` shows a progress bar on stderr while the run lasts, if stderr is a
                 terminal, so that logs stay clean: units done of the total if ``units`` has a
                 length, rate, ETA, failed and retried units, and units in flight against the limit.
-                A string is the bar's label, as in ``progress="backfill"``; a
+                A string is the bar's label, as in ``progress="backfill"``. A
                 :class:`rich.progress.Progress` of yours gets a task instead.
                 Needs rich: ``pip install 'boundeddb[progress]'``. *New in 0.2.0.*
             on_outcome: Called with each unit's :class:`~boundeddb.Outcome` as it settles, in
                 completion order, on the event loop. Keep it cheap: the loop serves the units
                 meanwhile. If it raises, the run stops as a failure does with ``errors="raise"``,
-                and the call raises its exception; it is not called again.
+                and the call raises its exception. It is not called again.
                 *New in 0.2.0.* See :doc:`/how-to/progress`.
 
         Returns:
@@ -95,7 +99,7 @@ class AsyncUnitsRunner(BaseRunner):
                 the units in flight finish, then the units' own exceptions are raised as a group
                 holding the partial report.
             UnitMisuseError: with ``errors="raise"``, a unit was not callable, not async, or ended
-                the transaction itself; raised after in-flight units finish. With
+                the transaction itself. It is raised after in-flight units finish. With
                 ``errors="collect"`` it is that unit's outcome. A list is checked up front either way.
 
         Cancelling the call cancels the units in flight, rolls their transactions back and returns
@@ -122,7 +126,7 @@ class AsyncUnitsRunner(BaseRunner):
             fn: ``async def fn(session: AsyncSession, item) -> T``.
             items: Iterable or async iterable of items, pulled lazily.
             priority: As for :meth:`run`.
-            progress: As for :meth:`run`; the total is ``len(items)``, if it has one.
+            progress: As for :meth:`run`. The total is ``len(items)``, if it has one.
             on_outcome: As for :meth:`run`.
         """
         request = feedback_request(progress, on_outcome, f"{type(self).__name__}.map", items)
@@ -144,12 +148,12 @@ class AsyncUnitsRunner(BaseRunner):
         the runner starts new units slowly. Breaking out of the loop stops the stream: units in
         flight are cancelled and rolled back.
 
-        ``priority``, ``progress`` and ``on_outcome`` are as for :meth:`run`; ``on_outcome`` sees
+        ``priority``, ``progress`` and ``on_outcome`` are as for :meth:`run`. ``on_outcome`` sees
         each outcome as it settles, before the stream yields it.
 
         Raises:
             RunFailed: with ``errors="raise"``, after yielding the first failure and the units that
-                were in flight with it; its report holds only the failed outcomes, since the stream
+                were in flight with it. Its report holds only the failed outcomes, since the stream
                 keeps no others.
         """
         request = feedback_request(progress, on_outcome, f"{type(self).__name__}.stream")
@@ -167,12 +171,12 @@ class AsyncUnitsRunner(BaseRunner):
 
         Meant for web handlers: every concurrent :meth:`submit` and run of one runner shares
         the same :attr:`limit`, so a burst of requests queues for a slot instead of exhausting the pool.
-        ``on_outcome`` is called with the unit's :class:`~boundeddb.Outcome` once it settles, before
-        this returns (after the runner's own ``on_outcome``); if it raises, so does ``submit()``.
+        ``on_outcome`` is called with the unit's :class:`~boundeddb.Outcome` once it settles, after
+        the runner's own ``on_outcome`` and before this returns. If it raises, so does ``submit()``.
         *New in 0.2.0.*
 
         Raises:
-            Exception: the unit's own exception, unchanged; its transaction was rolled back.
+            Exception: the unit's own exception, unchanged. Its transaction was rolled back.
         """
         result: T = await self._submit_unit(unit, priority, on_outcome)
         return result

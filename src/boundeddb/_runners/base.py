@@ -1,8 +1,8 @@
 """
-What every runner shares: its limiter, its lifecycle, and how each verb becomes a run.
+The base of every in-process runner: what turns each public verb into a run of the core.
 
-A concrete runner supplies its executor (how one attempt runs: async, or in a thread) and, for
-:class:`~boundeddb.ChunkedRunner`, its pacer; the core does the rest (``boundeddb._core``).
+A concrete runner supplies its executor, which runs one attempt on the event loop or in a thread.
+:class:`~boundeddb.ChunkedRunner` supplies its pacer too. The core, ``boundeddb._core``, does the rest.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ _NULL_RECORDER = NullRecorder()
 
 
 def _controller(plan: LimitPlan, limiter: Limiter, dialect: Dialect) -> LimitController | None:
-    """The controller that moves the limit of a ``limit="auto"`` runner; None for a fixed limit."""
+    """The controller that moves the limit of a ``limit="auto"`` runner, or None for a fixed limit."""
     if not plan.auto:
         return None
     return LimitController(
@@ -62,19 +62,19 @@ def _controller(plan: LimitPlan, limiter: Limiter, dialect: Dialect) -> LimitCon
 
 
 def _describe(name: str, stats: RunnerStatistics, closed: bool) -> str:
-    """A runner's repr: its limit (and reserve), what it holds and what waits, and whether it is closed."""
+    """A runner's repr: its limit and reserve, what it holds and what waits, and whether it is closed."""
     reserve = f" reserve={stats.reserve}" if stats.reserve else ""
     state = " closed" if closed else ""
     return f"<{name} limit={stats.limit}{reserve} in_flight={stats.in_flight} waiting={stats.waiting}{state}>"
 
 
 class BaseRunner:
-    """Shared machinery; see the concrete runners for the public API."""
+    """Shared machinery. The concrete runners document the public API."""
 
-    #: The argument that sets the limit, as messages name it (:class:`~boundeddb.ChunkedRunner`'s is
-    #: ``chunk_size``).
+    #: The argument that sets the limit, as messages name it: ``chunk_size`` for
+    #: :class:`~boundeddb.ChunkedRunner`.
     _limit_name = "limit"
-    #: Whether units are ``async def`` (the executor awaits them) rather than run in threads.
+    #: Whether units are ``async def``, awaited by the executor, rather than run in threads.
     _async_units = True
 
     def __init__(
@@ -121,7 +121,7 @@ class BaseRunner:
         self._binding = LoopBinding(type(self).__name__)
 
     def _check_sessions(self, sessions: object) -> Any:
-        """``sessions`` if it is the kind of sessionmaker this runner runs units on; else a TypeError."""
+        """``sessions`` if it is the kind of sessionmaker this runner runs units on, else a TypeError."""
         raise NotImplementedError
 
     def _plan_limit(self, limit: object, engine: Engine) -> int | LimitPlan:
@@ -154,8 +154,8 @@ class BaseRunner:
         """
         What the runner holds and what waits for it now, across all its calls.
 
-        Cheap (a snapshot under the runner's lock), so a metrics endpoint or a gauge callback can
-        call it as often as it scrapes; see :doc:`/how-to/priorities`.
+        It is a cheap snapshot under the runner's lock, so a metrics endpoint or a gauge callback can
+        call it as often as it scrapes. See :doc:`/how-to/priorities`.
 
         .. versionadded:: 0.2.0
         """
@@ -168,7 +168,7 @@ class BaseRunner:
 
     async def aclose(self) -> None:
         """
-        Refuse new work from now on; calls already running finish as usual.
+        Refuse new work from now on. Calls already running finish as usual.
 
         The engine is the caller's: it is not disposed. With ``batch=``, units of :meth:`submit`
         calls that wait for their batch to fill start at once.
@@ -187,7 +187,7 @@ class BaseRunner:
         await self.aclose()
 
     def _bound(self) -> AbstractContextManager[None]:
-        """Use the runner from the current event loop (see :class:`.binding.LoopBinding`)."""
+        """Use the runner from the current event loop, through :class:`.binding.LoopBinding`."""
         if self._closed:
             msg = f"this {type(self).__name__} is closed: create a new runner"
             raise RunnerClosedError(msg)
@@ -207,7 +207,7 @@ class BaseRunner:
         request: FeedbackRequest | None = None,
         on_outcome: Callable[[Outcome[Any]], object] | None = None,
     ) -> Run[SinkT]:
-        """A run of ``units``, observed as ``observers.Observers`` says; errors sets stop_on_failure."""
+        """A run of ``units``, observed as ``observers.Observers`` says. ``errors`` sets stop_on_failure."""
         controller = self._controller
         if stop_on_failure is None:
             stop_on_failure = self._errors == "raise"
@@ -282,8 +282,8 @@ class BaseRunner:
     ) -> AsyncGenerator[Outcome[Any], None]:
         units = checked_units(units, self._executor.check)
         with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
-            # Pulled, not consumed: at most twice the limit (an auto limit's ceiling) in units, or
-            # batches of units, so O(limit) or O(limit x size).
+            # Pulled, not consumed: at most twice the limit, or twice an auto limit's ceiling, in units
+            # or in batches of units. So memory is O(limit), or O(limit x size).
             lookahead = 2 * (self._limiter.limit if self._controller is None else self._max_limit)
             lookahead *= 1 if self._batch is None else self._batch.size
             sink = StreamSink(lookahead)
@@ -328,18 +328,24 @@ class BaseRunner:
         return outcome.unwrap()
 
     async def _run_gathered(
-        self, units: list[Any], priority: int, settled: Callable[[Outcome[Any]], None], slot: Slot
+        self,
+        units: list[Any],
+        priority: int,
+        settled: Callable[[Outcome[Any]], None],
+        slot: Slot,
+        withdrawn: set[int],
     ) -> None:
-        """Run ``submit()`` calls' ``units`` as one batch on ``slot`` (see ``_core/gather.py``)."""
+        """Run ``submit()`` calls' ``units`` as one batch on ``slot``, for ``_core/gather.py``."""
         with self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
             sink = CallbackSink(settled)
             run = self._new_run(units, sink, recorder, stop_on_failure=False, priority=priority)
+            run.withdrawn = withdrawn
             await self._drive(run, adapt=False, workers=1, slot=slot)
 
     async def _feed(self, units: AsyncIterable[Any], settled: Callable[[Outcome[Any]], None]) -> None:
         """
-        Run ``units``, handing each outcome to ``settled`` on the loop: a ProcessRunner worker's call
-        (see ``CallbackSink``).
+        Run a ProcessRunner worker's call: ``units``, each outcome handed to ``settled`` on the loop
+        by a ``CallbackSink``.
         """
         with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
             await self._drive(self._new_run(units, CallbackSink(settled), recorder, priority=0))

@@ -1,4 +1,8 @@
-"""Which event loop a runner's calls use: one at a time (its limiter's are that loop's), or a private one."""
+"""
+Which event loop a runner's calls use: one at a time, or a private one for the ``*_sync`` verbs.
+
+A runner's limiter belongs to the loop its calls run on.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +26,11 @@ def run_blocking(call: Callable[[], Awaitable[T]], verb: str, instead: str) -> T
     Run ``call()`` on a private event loop in this thread, for a runner's ``*_sync`` verb.
 
     Ctrl-C is a :exc:`KeyboardInterrupt` once the call has cleaned up, on every Python: on 3.10,
-    anyio's runner cancels the call but cannot tell that cancellation from others (no
-    ``Task.uncancel``) and lets the :exc:`~asyncio.CancelledError` out instead.
+    anyio's runner cancels the call but, without ``Task.uncancel``, cannot tell that cancellation
+    from others, and lets the :exc:`~asyncio.CancelledError` out instead.
 
     Raises:
-        RuntimeError: if an event loop runs in this thread already; the message says to await
+        RuntimeError: if an event loop runs in this thread already. The message says to await
             ``instead``.
     """
     try:
@@ -45,7 +49,7 @@ def run_blocking(call: Callable[[], Awaitable[T]], verb: str, instead: str) -> T
 
 
 class LoopBinding:
-    """Counts a runner's calls in flight and the loop they run on; refuses a second loop meanwhile."""
+    """Counts a runner's calls in flight and the loop they run on, and refuses a second loop meanwhile."""
 
     __slots__ = ("_calls", "_lock", "_name", "_token")
 

@@ -23,28 +23,28 @@ class ChunkedRunner(AsyncUnitsRunner):
     Run async units in chunks: start ``chunk_size`` units, wait for all of them, then the next chunk.
 
     This is the pattern of the "async chunks of 40" benchmark that bounded concurrency with
-    :func:`asyncio.gather`; it is kept as a baseline and for jobs shaped in rounds.
+    :func:`asyncio.gather`. It is kept as a baseline and for jobs shaped in rounds.
     While the slowest unit of a chunk runs, the chunk's other slots stay idle, so
     :class:`~boundeddb.SemaphoreRunner` usually finishes sooner with the same number of connections.
     Concurrent calls on one runner share its ``chunk_size`` slots.
 
     Args:
         sessions: The :class:`~sqlalchemy.ext.asyncio.async_sessionmaker` each unit's session
-            comes from; it must be bound to one engine.
-        chunk_size: Units per chunk (and most in flight at once); at most the pool's capacity.
-            Defaults to 40 (the benchmark's chunk), or to the pool's capacity if that is smaller,
-            so that ``ChunkedRunner(sessions)`` works on a default engine (capacity 15).
+            comes from. It must be bound to one engine.
+        chunk_size: Units per chunk, and so most in flight at once. At most the pool's capacity.
+            Defaults to 40, the benchmark's chunk, or to the pool's capacity if that is smaller,
+            so that ``ChunkedRunner(sessions)`` works on a default engine, whose capacity is 15.
         errors: ``"raise"`` or ``"collect"``, as for :class:`~boundeddb.SemaphoreRunner`.
         retry: See :class:`~boundeddb.RetryPolicy`.
         timeout: Seconds each unit attempt may take.
-        reserve: Slots of the limit granted only to calls with ``priority > 0`` (*new in 0.2.0*):
-            a priority-0 run's chunks hold ``chunk_size - reserve`` units, so a request's
+        reserve: Slots of the limit granted only to calls with ``priority > 0``. *New in 0.2.0.*
+            A priority-0 run's chunks hold ``chunk_size - reserve`` units, so a request's
             ``submit(unit, priority=1)`` finds a slot free while a bulk run saturates the rest.
             Must be less than ``chunk_size``. See :doc:`/how-to/priorities`.
-        verify_commits: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
-        on_outcome: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
-        batch: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.3.0*): a chunk is then
-            ``chunk_size`` batches, with the barrier between chunks.
+        verify_commits: As for :class:`~boundeddb.SemaphoreRunner`. *New in 0.2.0.*
+        on_outcome: As for :class:`~boundeddb.SemaphoreRunner`. *New in 0.2.0.*
+        batch: As for :class:`~boundeddb.SemaphoreRunner`. A chunk is then ``chunk_size`` batches,
+            with the barrier between chunks. *New in 0.3.0.*
 
     .. versionadded:: 0.1.0
     """

@@ -1,4 +1,8 @@
-"""A call's units: checked before any database work, and ``map(fn, items)``'s ``fn(session, item)``."""
+"""
+How a call's units are checked before any database work.
+
+It also makes the units of ``map(fn, items)``, each ``fn(session, item)``.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ __all__ = ["BoundItem", "check_now", "checked_units", "units_of"]
 
 
 def checked_units(units: object, check: UnitCheck) -> Iterable[Any] | AsyncIterable[Any]:
-    """``units`` if iterable; a list or tuple is checked whole, before any database work."""
+    """``units`` if iterable. A list or tuple is checked whole, before any database work."""
     checked = checked_iterable(units, "units")
     if isinstance(checked, (list, tuple)):
         for index, unit in enumerate(checked):
@@ -50,7 +54,7 @@ def units_of(fn: object, items: object, runner: str) -> Iterable[Any] | AsyncIte
 
 
 class BoundItem:
-    """``fn(session, item)`` as a unit; keeps ``fn``'s kind visible to unit checks."""
+    """``fn(session, item)`` as a unit that keeps ``fn``'s kind visible to unit checks."""
 
     __slots__ = ("fn", "item")
 

@@ -1,4 +1,4 @@
-"""What a runner's sessionmaker allows: the engine it is bound to, its pool's capacity, the limit under it."""
+"""How a runner's limit is fitted to the pool of the engine its sessionmaker is bound to."""
 
 from __future__ import annotations
 
@@ -62,17 +62,17 @@ def resolve_limit(name: str, limit: object, engine: Engine, runner: str) -> int:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LimitPlan:
-    """A runner's limit: fixed (``low == high == initial``), or moving between ``low`` and ``high``."""
+    """A runner's limit: fixed, where ``low == high == initial``, or moving between ``low`` and ``high``."""
 
     initial: int
     low: int
     high: int
     auto: bool = False
-    #: Slots of the limit for priorities above 0 (see :func:`with_reserve`).
+    #: Slots of the limit for priorities above 0; see :func:`with_reserve`.
     reserve: int = 0
 
 
-#: Where an auto limit starts unless told (within its bounds).
+#: Where an auto limit starts within its bounds, unless told.
 AUTO_INITIAL = 4
 
 
@@ -116,7 +116,7 @@ def with_reserve(plan: LimitPlan, reserve: object, name: str) -> LimitPlan:
     """
     ``plan`` with ``reserve`` slots for priorities above 0, checked against it.
 
-    A fixed limit keeps its number (the reserve is part of it). A moving one keeps the reserve out
+    A fixed limit keeps its number, and the reserve is part of it. A moving one keeps the reserve out
     of what moves: the slots priority-0 work shares move within ``[low, high - reserve]``, and the
     limit is those plus the reserve.
     """
@@ -152,7 +152,7 @@ def with_reserve(plan: LimitPlan, reserve: object, name: str) -> LimitPlan:
 
 
 def bound_engine(sessions: Any) -> Engine:
-    """The sync Engine behind a sessionmaker's ``bind`` (an AsyncEngine's ``sync_engine``)."""
+    """The sync Engine behind a sessionmaker's ``bind``, which is an AsyncEngine's ``sync_engine``."""
     bind = sessions.kw.get("bind")
     if isinstance(bind, AsyncEngine):
         return bind.sync_engine

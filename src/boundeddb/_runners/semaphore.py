@@ -26,37 +26,37 @@ class SemaphoreRunner(AsyncUnitsRunner):
 
     Args:
         sessions: The :class:`~sqlalchemy.ext.asyncio.async_sessionmaker` each unit's session
-            comes from; it must be bound to one engine.
-        limit: Most units in flight at once. Defaults to the pool's capacity
-            (``pool_size + max_overflow``); above it is a :class:`ValueError`. Required for pools
-            without a fixed capacity, such as :class:`~sqlalchemy.pool.NullPool`. ``"auto"`` (or a
-            :class:`~boundeddb.AutoLimit`) lets the runner find it and move it while it works
-            (*new in 0.2.0*).
+            comes from. It must be bound to one engine.
+        limit: Most units in flight at once. Defaults to the pool's capacity,
+            ``pool_size + max_overflow``, and above it is a :class:`ValueError`. Required for pools
+            without a fixed capacity, such as :class:`~sqlalchemy.pool.NullPool`. ``"auto"`` or an
+            :class:`~boundeddb.AutoLimit` lets the runner find it and move it while it works.
+            *New in 0.2.0.*
         errors: ``"raise"`` to stop at the first failed unit and raise
             :class:`~boundeddb.RunFailed`, ``"collect"`` to run every unit and report failures
             as outcomes.
-        retry: Run units that fail with transient errors again; see :class:`~boundeddb.RetryPolicy`.
-        timeout: Seconds each unit attempt may take before it is cancelled and rolled back
-            (:class:`~boundeddb.UnitTimeout`).
-        reserve: Slots of the limit granted only to calls with ``priority > 0`` (*new in 0.2.0*):
-            priority-0 work holds at most ``limit - reserve`` of them, so a request's
+        retry: Run units that fail with transient errors again. See :class:`~boundeddb.RetryPolicy`.
+        timeout: Seconds each unit attempt may take before it is cancelled and rolled back with
+            :class:`~boundeddb.UnitTimeout`.
+        reserve: Slots of the limit granted only to calls with ``priority > 0``. *New in 0.2.0.*
+            Priority-0 work holds at most ``limit - reserve`` of them, so a request's
             ``submit(unit, priority=1)`` finds a slot free while a bulk run saturates the rest.
             Must be less than the limit. With ``limit="auto"`` the reserve stays out of what
             moves: the limit is the moving share plus the reserve. See :doc:`/how-to/priorities`.
         verify_commits: On PostgreSQL 13 or later, ask the server what became of a unit whose
             COMMIT lost its connection or timed out, rather than report it as
-            :attr:`~boundeddb.Outcome.commit_unknown` (*new in 0.2.0*). It costs one more round
-            trip per unit; :doc:`/how-to/verify-commits` says how it works. On other databases
+            :attr:`~boundeddb.Outcome.commit_unknown`. *New in 0.2.0.* It costs one more round
+            trip per unit, and :doc:`/how-to/verify-commits` says how it works. On other databases
             ``True`` is a :class:`ValueError`.
         on_outcome: Called with the :class:`~boundeddb.Outcome` of every unit of every call,
-            :meth:`submit` included, as it settles, on the event loop; before a call's own
-            ``on_outcome``. For metrics and logs: what it raises is logged (``boundeddb.hooks``)
-            and ignored. See :doc:`/how-to/observe` (*new in 0.2.0*).
+            :meth:`submit` included, as it settles, on the event loop, before a call's own
+            ``on_outcome``. For metrics and logs: what it raises is logged to ``boundeddb.hooks``
+            and ignored. See :doc:`/how-to/observe`. *New in 0.2.0.*
         batch: Up to this many units in one transaction, an ``int`` or a
-            :class:`~boundeddb.BatchPolicy`; ``None`` or ``1`` for one transaction per unit
-            (*new in 0.3.0*). ``limit`` then bounds batches in flight, so connections still.
+            :class:`~boundeddb.BatchPolicy`. ``None`` or ``1`` for one transaction per unit.
+            *New in 0.3.0.* ``limit`` then bounds batches in flight, so connections still.
             A unit is ``ok`` only once its batch committed, and a failing unit never takes the
-            others' writes with it; a unit may run more than once. See :doc:`/how-to/batches`.
+            others' writes with it. A unit may run more than once. See :doc:`/how-to/batches`.
 
     .. versionadded:: 0.1.0
     """

@@ -38,27 +38,27 @@ class ThreadOffloadRunner(BaseRunner):
 
     Args:
         sessions: The :class:`~sqlalchemy.orm.sessionmaker` each unit's session comes from, on a
-            sync driver such as psycopg, psycopg2 or pysqlite; it must be bound to one engine.
-        limit: Most units in flight at once, so most threads and connections; defaults to the
+            sync driver such as psycopg, psycopg2 or pysqlite. It must be bound to one engine.
+        limit: Most units in flight at once, so most threads and connections. Defaults to the
             pool's capacity. ``"auto"`` or an :class:`~boundeddb.AutoLimit` lets the runner find it
-            and move it while it works (*new in 0.2.0*).
+            and move it while it works. *New in 0.2.0.*
         errors: ``"raise"`` or ``"collect"``, as for :class:`~boundeddb.SemaphoreRunner`.
         retry: See :class:`~boundeddb.RetryPolicy`.
         timeout: Seconds each unit attempt may take. A thread cannot be killed: on PostgreSQL the
             runner sets ``statement_timeout`` for the unit's transaction, so the server stops a
-            slow statement; on other databases the unit runs to its end. Either way a unit that
+            slow statement. On other databases the unit runs to its end. Either way a unit that
             took longer is rolled back and fails with :class:`~boundeddb.UnitTimeout`, and its slot
             stays taken until its thread has really finished.
-        reserve: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
-        verify_commits: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
-        on_outcome: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.2.0*).
-        batch: As for :class:`~boundeddb.SemaphoreRunner` (*new in 0.3.0*): each batch runs in one
-            worker thread, one session and one transaction.
+        reserve: As for :class:`~boundeddb.SemaphoreRunner`. *New in 0.2.0.*
+        verify_commits: As for :class:`~boundeddb.SemaphoreRunner`. *New in 0.2.0.*
+        on_outcome: As for :class:`~boundeddb.SemaphoreRunner`. *New in 0.2.0.*
+        batch: As for :class:`~boundeddb.SemaphoreRunner`. Each batch runs in one worker thread,
+            one session and one transaction. *New in 0.3.0.*
 
     Cancelling a call cancels the statements in flight with the DBAPI connection's ``cancel()`` or
     SQLite's ``interrupt()``, waits for the threads to finish, rolls back and returns their
     connections before the cancellation propagates. A thread cannot be stopped, so a unit that was
-    running goes on until it returns; it is then rolled back, never committed, whatever it did
+    running goes on until it returns. It is then rolled back, never committed, whatever it did
     meanwhile. Only a unit whose COMMIT had already begun finishes it.
 
     .. versionadded:: 0.1.0
@@ -142,7 +142,7 @@ class ThreadOffloadRunner(BaseRunner):
 
         Behaves as :meth:`boundeddb.SemaphoreRunner.run` does, from its lazy input to cancellation,
         ``priority``, ``progress`` and ``on_outcome``, with
-        ``def unit(session: Session) -> T`` units; works under asyncio and trio. ``on_outcome``
+        ``def unit(session: Session) -> T`` units. It works under asyncio and trio. ``on_outcome``
         and the progress bar run on the event loop, never in the units' worker threads.
         """
         request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.run")
@@ -219,7 +219,7 @@ class ThreadOffloadRunner(BaseRunner):
         every connection before it propagates. The stats carry no loop lag: no loop of yours ran.
 
         Raises:
-            RuntimeError: if called from async code; ``await runner.run(units)`` there instead.
+            RuntimeError: if called from async code. There, ``await runner.run(units)`` instead.
         """
         request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.run_sync")
         call = partial(self._run_units, units, priority, measure_loop_lag=False, request=request)
