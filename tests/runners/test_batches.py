@@ -228,6 +228,24 @@ async def test_failing_units_fail_alone_and_every_good_unit_commits_once(bkit: B
 
 @pytest.mark.anyio
 @every()
+async def test_a_unit_that_raises_costs_its_batch_one_attempt_more(bkit: BatchKit) -> None:
+    """
+    The units before a raising unit run twice: in the attempt it failed, and in the one without it.
+    The raising unit runs twice too, the second time alone. The units after it run once.
+    """
+    n, bad = 10, 4
+    units = [bkit.raising(i) if i == bad else bkit.good(i) for i in range(n)]
+    runner = bkit.runner(limit=1, batch=n, errors="collect")
+    report = await runner.run(units)
+    assert [o.index for o in report.outcomes if not o.ok] == [bad]
+    assert dict(bkit.executions) == {i: 2 if i <= bad else 1 for i in range(n)}
+    assert (report.stats.units_rerun, report.stats.batches_committed, bkit.commits.n) == (bad + 1, 1, 1)
+    assert bkit.rows() == {i: 1 for i in range(n) if i != bad}
+    assert_no_leaks(bkit)
+
+
+@pytest.mark.anyio
+@every()
 async def test_errors_raise_reports_ok_exactly_the_committed_units(bkit: BatchKit) -> None:
     """errors="raise": RunFailed, and in its report a unit is ok if and only if its row committed."""
     n = 80

@@ -24,7 +24,17 @@ from .attempts import AttemptFn, Attempts, CommitUnknown, CommitVerified, Connec
 from .pacing import EXHAUSTED, MORE, Served, Worker
 from .run import END, REFUSED, Pulled, Run
 
-__all__ = ["BatchAttemptFn", "BatchUnitFailed", "BatchUnits", "Batches", "Pending", "Withdrawn"]
+__all__ = [
+    "BatchAttemptFn",
+    "BatchSize",
+    "BatchUnitFailed",
+    "BatchUnits",
+    "Batches",
+    "Failure",
+    "Pending",
+    "Withdrawn",
+    "committed",
+]
 
 #: A unit pulled from its run, and its index.
 Pending = tuple[Any, int]
@@ -52,6 +62,9 @@ class BatchUnits(list[Pending]):
 
 #: One attempt of a batch by a worker: the units' values in order, or it raises.
 BatchAttemptFn = Callable[[Any, BatchUnits, int], Awaitable[list[Any]]]
+
+#: What a batch's first attempt, made elsewhere, raised, and when that attempt started (perf_counter).
+Failure = tuple[Exception, float]
 
 
 class Withdrawn(Exception):
@@ -153,15 +166,29 @@ class Batches:
                 batch.append(pulled)
         return batch, False
 
-    async def settle(self, run: Run[Any], worker: Worker, batch: list[Pending], wait_s: float) -> None:
-        """Run ``batch`` until every unit of it has its outcome."""
+    async def settle(
+        self,
+        run: Run[Any],
+        worker: Worker,
+        batch: list[Pending],
+        wait_s: float,
+        failure: Failure | None = None,
+    ) -> None:
+        """
+        Run ``batch`` until every unit of it has its outcome.
+
+        ``failure``: the batch's first attempt was made elsewhere, a thread's lane, and failed so.
+        """
         todo: list[tuple[list[Pending], bool]] = [(batch, True)]
         while todo:
             group, may_pinpoint = todo.pop()
-            if len(group) == 1:
+            if len(group) == 1 and failure is None:
                 await self._alone(run, worker, group[0], wait_s)
             else:
-                todo.extend(reversed(await self._attempt_group(run, worker, group, wait_s, may_pinpoint)))
+                todo.extend(
+                    reversed(await self._attempt_group(run, worker, group, wait_s, may_pinpoint, failure))
+                )
+                failure = None
 
     async def _alone(self, run: Run[Any], worker: Worker, pending: Pending, wait_s: float) -> None:
         """One unit in its own transaction, with its own retries: as without batches."""
@@ -184,20 +211,30 @@ class Batches:
         run.finish(settled)
 
     async def _attempt_group(
-        self, run: Run[Any], worker: Worker, group: list[Pending], wait_s: float, may_pinpoint: bool
+        self,
+        run: Run[Any],
+        worker: Worker,
+        group: list[Pending],
+        wait_s: float,
+        may_pinpoint: bool,
+        failure: Failure | None,
     ) -> list[tuple[list[Pending], bool]]:
         """
         Attempt ``group`` as one batch until it commits or must be split.
 
         Return the groups to run next, each with whether a failure that names no unit may still be
-        pinpointed in it before it is bisected.
+        pinpointed in it before it is bisected. With ``failure``, the first attempt is the one that
+        failed so.
         """
         attempt = 1
         recorder = run.recorder
         attempt_batch = self._attempt_batch
         while True:
-            started = perf_counter()
+            started = perf_counter() if failure is None else failure[1]
             try:
+                if failure is not None:
+                    error, failure = failure[0], None
+                    raise error
                 values = await attempt_batch(worker, BatchUnits(group, run.withdrawn), group[0][1])
             except BatchUnitFailed as failed:
                 ran = failed.position + 1
@@ -220,7 +257,7 @@ class Batches:
             except Exception as error:
                 if isinstance(error, CommitVerified):
                     if error.committed:
-                        self._finish(run, group, error.value, started, wait_s, attempt, verified=True)
+                        committed(run, group, error.value, started, wait_s, attempt, verified=True)
                         return []
                     error = error.error  # the server aborted it: nothing of it committed
                 ran = len(group)
@@ -237,30 +274,31 @@ class Batches:
                     half = len(group) // 2
                     return [(group[:half], False), (group[half:], False)]
             else:
-                self._finish(run, group, values, started, wait_s, attempt)
+                committed(run, group, values, started, wait_s, attempt)
                 return []
             recorder.rerun(ran)
             await _back_off(worker, delay)
             attempt += 1
 
-    @staticmethod
-    def _finish(
-        run: Run[Any],
-        group: list[Pending],
-        values: list[Any],
-        started: float,
-        wait_s: float,
-        attempt: int,
-        *,
-        verified: bool = False,
-    ) -> None:
-        latency = perf_counter() - started
-        run.recorder.batch_committed()
-        if run.telemetry is not None:
-            run.telemetry.batch_committed(len(group))
-        finish = run.finish
-        for (_, index), value in zip(group, values, strict=True):
-            finish(Outcome(index, value, None, latency, wait_s, attempt, commit_verified=verified))
+
+def committed(
+    run: Run[Any],
+    group: list[Pending],
+    values: list[Any],
+    started: float,
+    wait_s: float,
+    attempt: int,
+    *,
+    verified: bool = False,
+) -> None:
+    """``group`` committed in one transaction begun at ``started``: each unit's outcome. From any thread."""
+    latency = perf_counter() - started
+    run.recorder.batch_committed()
+    if run.telemetry is not None:
+        run.telemetry.batch_committed(len(group))
+    finish = run.finish
+    for (_, index), value in zip(group, values, strict=True):
+        finish(Outcome(index, value, None, latency, wait_s, attempt, commit_verified=verified))
 
 
 async def _back_off(worker: Worker, delay: float) -> None:

@@ -140,6 +140,31 @@ class Run(Generic[SinkT]):
             self._next_index = index + 1
         return self._admit(unit, index)
 
+    def pull_many_sync(self, size: int) -> tuple[list[tuple[Any, int]], bool]:
+        """
+        Up to ``size`` units of a plain iterable, pulled as :meth:`pull_sync` would one by one,
+        and whether it returned ``END``. Any thread may call it: a batch's lane does.
+        """
+        pulled: list[tuple[Any, int]] = []
+        iterator, admit = self._iterator, self._admit
+        with self._pull_lock:
+            while len(pulled) < size:
+                if self.stopping:
+                    return pulled, True
+                try:
+                    unit = next(iterator, END_OF_INPUT)  # type: ignore[arg-type]
+                except Exception as error:  # as in pull_sync
+                    self.input_error, self.stopping = error, True
+                    return pulled, True
+                if unit is END_OF_INPUT:
+                    return pulled, True
+                index = self._next_index
+                self._next_index = index + 1
+                admitted = admit(unit, index)
+                if admitted is not REFUSED:
+                    pulled.append(admitted)  # type: ignore[arg-type]
+        return pulled, False
+
     async def pull(self) -> tuple[Any, int] | Pulled:
         """As :meth:`pull_sync`, for any input, on the loop."""
         if self._iterator is not None:

@@ -217,7 +217,7 @@ def _check_withdrawn(units: BatchUnits) -> None:
 def _run_sync_unit(session: Session, transaction: Any, unit: Any, index: int) -> Any:
     """One unit of a batch in this thread: its value. A misuse raises :class:`UnitMisuse`."""
     value = unit(session)
-    if inspect.isawaitable(value):
+    if value is not None and inspect.isawaitable(value):
         raise returned_awaitable(value, index)
     if session.get_transaction() is not transaction:
         raise UnitMisuse(ended_transaction_message(index))

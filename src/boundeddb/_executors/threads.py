@@ -10,13 +10,13 @@ discards the connections it sent a cancellation to. See "Sync units: lanes and h
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import math
 import threading
 from collections.abc import Awaitable, Callable
 from time import perf_counter
+from types import FunctionType
 from typing import Any, NoReturn
 
 import anyio
@@ -28,7 +28,6 @@ from sqlalchemy.orm import Session
 
 from .._batch import BatchPolicy
 from .._core.attempts import Attempts, Retry
-from .._core.batches import Batches, BatchUnits
 from .._core.limiter import Limiter, Slot
 from .._core.pacing import EXHAUSTED, MORE, RETRY, Body, Served, Worker, serve_one
 from .._core.run import END, REFUSED, Run
@@ -37,6 +36,7 @@ from .._outcome import Outcome
 from .batch_script import attempt_batch_sync
 from .deadlines import StatementDeadlines
 from .script import DeadlinePassed, attempt_sync
+from .thread_batches import BatchLanes
 from .verify import bind_script, verified_sync
 
 __all__ = ["Handle", "ThreadExecutor", "ThreadWorker"]
@@ -200,18 +200,17 @@ class ThreadExecutor:
         )
         self._threads: tuple[object, anyio.CapacityLimiter] | None = None
         self._last_checked: object = None
+        self._last_code: object = None
         if batch is not None:  # a batch's attempt, and its pinpointing twin, from batch_script
-            plain, pinpoint = (
-                functools.partial(
-                    self._attempt_batch,
-                    bind_script(
-                        attempt_batch_sync, verified_sync, engine, dialect, verify_commits,
-                        pinpoint, sessions, dialect, timeout,
-                    ),
+            scripts = tuple(
+                bind_script(
+                    attempt_batch_sync, verified_sync, engine, dialect, verify_commits,
+                    pinpoint, sessions, dialect, timeout,
                 )
                 for pinpoint in (False, True)
             )  # fmt: skip
-            self.serve = Batches(batch, attempts, self.attempt, plain, pinpoint).serve  # type: ignore[method-assign]
+            lanes = BatchLanes(batch, attempts, self.attempt, scripts, self._in_thread, limiter.should_yield)  # type: ignore[arg-type]
+            self.serve = lanes.serve  # type: ignore[method-assign]
 
     def check(self, unit: object, index: int) -> str | None:
         if not callable(unit):
@@ -222,12 +221,17 @@ class ThreadExecutor:
         fn = getattr(unit, "fn", unit)  # map()'s units keep their function visible
         if fn is self._last_checked:  # map() gives every unit the same function: check it once
             return None
+        code = None
+        if fn.__class__ is FunctionType:  # closures of one function share its code, and whether it is async
+            code = fn.__code__
+            if code is self._last_code:
+                return None
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004
             return (
                 f"unit {index} is an async function: ThreadOffloadRunner runs plain "
                 "`def unit(session: Session)` in worker threads; run async units with SemaphoreRunner"
             )
-        self._last_checked = fn
+        self._last_checked, self._last_code = fn, code
         return None
 
     def worker(self, slot: Slot) -> ThreadWorker:
@@ -265,19 +269,10 @@ class ThreadExecutor:
             pass
         await _cancelled()
 
-    async def _attempt_batch(
-        self,
-        script: Callable[[Handle, BatchUnits, int], list[Any]],
-        worker: ThreadWorker,
-        units: BatchUnits,
-        first: int,
-    ) -> list[Any]:
-        """One attempt of a batch by ``script``, ``batch_script.attempt_batch_sync``, in a worker thread."""
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in one of the runner's worker threads: a batch's attempt, or its lane."""
         try:
-            values: list[Any] = await anyio.to_thread.run_sync(
-                script, worker.handle, units, first, limiter=self._thread_limiter()
-            )
-            return values
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self._thread_limiter())
         except Stopped:
             pass
         await _cancelled()
