@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep_passes=args.sweep_passes,
             post_002_rounds=args.post_002_rounds,
             processes_rounds=args.processes_rounds,
+            batching_rounds=args.batching_rounds,
             instructions_pairs=tuple(args.instructions_pair or overhead.PAIRS),
             progress=progress,
         )

@@ -58,6 +58,8 @@ class Context:
     post_002_rounds: int = 10
     #: Rounds of the processes scenario.
     processes_rounds: int = 3
+    #: Rounds of the batching scenario.
+    batching_rounds: int = 3
     #: The overhead pairs the instructions scenario counts.
     instructions_pairs: tuple[str, ...] = ()
     progress: Progress | None = None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .db import mysql as mysql_db
 from .scenario import MYSQL, POSTGRESQL
-from .scenarios import overhead, post002_mysql_sync_vs_async, processes
+from .scenarios import batching, overhead, post002_mysql_sync_vs_async, processes
 from .scenarios.catalog import BY_NAME, default_set, on
 from .suite import about
 
@@ -128,6 +128,14 @@ def parser() -> argparse.ArgumentParser:
         f"~{processes.SECONDS_PER_ROUND} s a round and schema)",
     )
     p.add_argument(
+        "--batching-rounds",
+        type=int,
+        metavar="K",
+        help="rounds of the batching scenario, every group's sides in alternating order "
+        f"(default {batching.DEFAULT_ROUNDS}; {batching.QUICK_ROUNDS} with --quick; "
+        f"~{batching.SECONDS_PER_ROUND} s a round)",
+    )
+    p.add_argument(
         "--instructions-pair",
         action="append",
         choices=list(overhead.PAIRS),
@@ -177,6 +185,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.loop_lag_requests = args.loop_lag_requests or max(200, min(n // 2, LOOP_LAG_REQUESTS_CAP))
     if args.processes_rounds is None:
         args.processes_rounds = processes.QUICK_ROUNDS if args.quick else processes.DEFAULT_ROUNDS
+    if args.batching_rounds is None:
+        args.batching_rounds = batching.QUICK_ROUNDS if args.quick else batching.DEFAULT_ROUNDS
     if args.overhead_rounds is None:
         args.overhead_rounds = overhead.FULL_ROUNDS if args.full else overhead.DEFAULT_ROUNDS
     available = [s.name for s in on(args.database)]
@@ -200,6 +210,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         or args.sweep_passes < 1
         or args.post_002_rounds < 1
         or args.processes_rounds < 1
+        or args.batching_rounds < 1
         or args.rounds < 1
     ):
         p.error("--limit, --rounds and each scenario's rounds must be >= 1, and --n >= 2")

@@ -1,6 +1,7 @@
 """
 The ``batching`` scenario's parts (:mod:`.batching`): the request-log table, the workloads' units,
-the hand-written batch loops, and the counters of transactions, batch times and rows.
+the hand-written batch loops, the web path's open-loop arrivals, and the counters of transactions,
+batch times and rows.
 """
 
 from __future__ import annotations
@@ -260,3 +261,44 @@ def time_batches(session_class: type[Session]) -> list[float]:
 
     event.listen(session_class, "after_commit", committed)
     return durations
+
+
+def arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """
+    ``n`` Poisson arrival times at ``rate`` per second, in seconds from the start: seeded, so every
+    variant of a round gets the same schedule.
+    """
+    rng = random.Random(seed)
+    return list(itertools.accumulate(rng.expovariate(rate) for _ in range(n)))
+
+
+async def open_loop(
+    submit: Callable[[int], Any], schedule: list[float], p: Probe, errors: list[str]
+) -> tuple[list[float], list[float]]:
+    """
+    Request ``k`` starts as a task at ``schedule[k]`` and awaits ``submit(k)`` once; the schedule
+    never waits for earlier requests.  Returns each request's ``submit()`` latency (from its call
+    to its return) and how late each started after its arrival time (the event loop's delay).
+    """
+    latencies: list[float] = []
+    lags: list[float] = []
+
+    async def request(k: int, due: float) -> None:
+        start = time.perf_counter()
+        lags.append(max(0.0, start - due))
+        try:
+            await submit(k)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            return
+        latencies.append(time.perf_counter() - start)
+        p.tick()
+
+    tasks = []
+    t0 = time.perf_counter()
+    for k, at in enumerate(schedule):
+        if (delay := t0 + at - time.perf_counter()) > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(request(k, t0 + at)))
+    await asyncio.gather(*tasks)
+    return latencies, lags
