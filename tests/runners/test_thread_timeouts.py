@@ -28,7 +28,7 @@ from boundeddb import ThreadOffloadRunner, UnitTimeout
 from boundeddb._dialects.sqlite import SQLite
 from boundeddb._executors.deadlines import StatementDeadlines
 from boundeddb._executors.script import DeadlinePassed
-from boundeddb._executors.threads import Handle
+from boundeddb._executors.thread_handles import Handle
 from tests.support.kits import eventually
 from tests.support.models import Base, Item
 from tests.support.servers import MariaDB

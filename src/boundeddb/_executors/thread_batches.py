@@ -13,15 +13,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._core.attempts import AttemptFn, Attempts
 from .._core.batches import Batches, BatchSize, BatchUnits, Failure, Pending, committed
 from .._core.pacing import EXHAUSTED, MORE, Served
 from .._core.run import Run
-
-if TYPE_CHECKING:
-    from .threads import Handle, ThreadWorker
+from .thread_handles import Handle, ThreadWorker
 
 __all__ = ["BatchLanes"]
 

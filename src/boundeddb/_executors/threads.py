@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
-import threading
 from collections.abc import Awaitable, Callable
 from time import perf_counter
 from types import FunctionType
@@ -29,141 +27,20 @@ from sqlalchemy.orm import Session
 from .._batch import BatchPolicy
 from .._core.attempts import Attempts, Retry
 from .._core.limiter import Limiter, Slot
-from .._core.pacing import EXHAUSTED, MORE, RETRY, Body, Served, Worker, serve_one
+from .._core.pacing import EXHAUSTED, MORE, RETRY, Body, Served, serve_one
 from .._core.run import END, REFUSED, Run
 from .._dialects import Dialect
 from .._outcome import Outcome
 from .batch_script import attempt_batch_sync
 from .deadlines import StatementDeadlines
-from .script import DeadlinePassed, attempt_sync
+from .script import attempt_sync
 from .thread_batches import BatchLanes
+from .thread_handles import CANCEL_AGAIN_S, Handle, Stopped, ThreadWorker
 from .verify import bind_script, verified_sync
 
-__all__ = ["Handle", "ThreadExecutor", "ThreadWorker"]
+__all__ = ["ThreadExecutor"]
 
 logger = logging.getLogger("boundeddb.units")
-
-_IDLE, _CONNECTING, _RUNNING, _COMMITTING = range(4)
-
-#: While a cancelled run's units still run statements, how often their cancellation is sent again.
-CANCEL_AGAIN_S = 0.1
-
-
-class Stopped(BaseException):
-    """The run was cancelled: the attempt stops here and rolls back. It never reaches a unit's caller."""
-
-
-class Handle:
-    """The guard of one worker's attempts in threads, and how a cancellation or a timeout reaches them."""
-
-    __slots__ = (
-        "__weakref__",
-        "_dbapi",
-        "_deadlines",
-        "_dialect",
-        "_lock",
-        "_state",
-        "_stopping_statement",
-        "cancelled",
-        "deadline",
-        "timed_out",
-    )
-
-    def __init__(self, dialect: Dialect, deadlines: StatementDeadlines | None = None) -> None:
-        self._dialect = dialect
-        self._lock = threading.Lock()
-        self._state = _IDLE
-        self._dbapi: Any = None
-        #: A cancellation was sent, or is on its way, to the statement of this attempt's connection.
-        self._stopping_statement = False
-        self.cancelled = False
-        #: The ``perf_counter()`` when this attempt's statement is stopped; ``inf``: never.
-        self.deadline = math.inf
-        #: The attempt is past its deadline: it fails with UnitTimeout, never commits.
-        self.timed_out = False
-        self._deadlines = deadlines
-        if deadlines is not None:
-            deadlines.adopt(self)
-
-    # -- the guard, in the worker thread ---------------------------------------------------------------
-
-    def connecting(self) -> None:
-        with self._lock:
-            if self.cancelled:
-                raise Stopped
-            self._state, self.timed_out = _CONNECTING, False
-
-    def running(self, dbapi_connection: Any) -> None:
-        with self._lock:
-            if self.cancelled:
-                raise Stopped
-            self._state, self._dbapi = _RUNNING, dbapi_connection
-        if (deadlines := self._deadlines) is not None:
-            self.deadline = perf_counter() + deadlines.timeout
-            deadlines.wake()
-
-    def committing(self) -> None:
-        with self._lock:
-            if self.cancelled:  # cancelled while the unit ran: whatever it did after, roll back
-                raise Stopped
-            if self.timed_out:  # its statement was sent a KILL QUERY that may land on the COMMIT
-                raise DeadlinePassed
-            self._state, self._dbapi, self.deadline = (
-                _COMMITTING,
-                None,
-                math.inf,
-            )  # a COMMIT is not interrupted
-
-    def closing(self) -> bool:
-        """
-        Whether the connection must be discarded: its statement's cancellation may still be on its way.
-
-        Such a cancellation, psycopg's cancel request or MySQL's KILL QUERY from a side connection,
-        would stop whatever statement the connection runs when it lands, another unit's if the
-        connection went back to the pool.
-        """
-        with self._lock:
-            self._state, self._dbapi, self.deadline = _IDLE, None, math.inf
-            discard, self._stopping_statement = self._stopping_statement, False
-            return discard
-
-    def closed(self) -> None:
-        pass
-
-    # -- the run's cancellation, on the event loop, and the deadline, in the deadlines' thread -------
-
-    def cancel(self) -> Any:
-        """
-        Mark the handle cancelled: the DBAPI connection whose statement must be stopped, if any.
-
-        That connection is then discarded when the attempt ends. See :meth:`closing`.
-        """
-        with self._lock:
-            self.cancelled = True
-            if self._state != _RUNNING:
-                return None
-            self._stopping_statement = True
-            return self._dbapi
-
-    def time_out(self, now: float) -> Any:
-        """
-        If the attempt's statement is past its deadline: mark it timed out and return its DBAPI
-        connection, whose statement is to be stopped, and again in :data:`CANCEL_AGAIN_S` if it still runs.
-        """
-        with self._lock:
-            if self._state != _RUNNING or now < self.deadline:
-                return None
-            self.timed_out = self._stopping_statement = True
-            self.deadline = now + CANCEL_AGAIN_S
-            return self._dbapi
-
-
-class ThreadWorker(Worker):
-    __slots__ = ("handle",)
-
-    def __init__(self, slot: Slot, handle: Handle) -> None:
-        super().__init__(slot)
-        self.handle = handle
 
 
 class ThreadExecutor:
