@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
+import pickle
 import queue
 import secrets
 import signal
 import socket
 import threading
 import time
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from .._errors import WorkerStartError
 from . import worker
+from .callback import CallbackListener, Channel, connect
 from .protocol import WorkerConfig, most_handed
 
 if TYPE_CHECKING:
+    import ssl
     from multiprocessing.process import BaseProcess
 
 __all__ = ["Backend", "DaskCluster", "LocalProcesses", "WorkerHandle"]
@@ -133,22 +135,44 @@ def _reachable_host(scheduler_address: str) -> str:
         return address
 
 
-def _no_delay(connection: Connection) -> None:
+def _listen_tls(client: Any) -> ssl.SSLContext | None:
+    """This process's TLS for the callback port: the Dask client's certificates, or None without TLS."""
+    security = getattr(client, "security", None)
+    if security is None:
+        return None
+    context: ssl.SSLContext | None = security.get_listen_args("client")["ssl_context"]
+    return context
+
+
+def _worker_tls() -> ssl.SSLContext:
+    """A Dask task's TLS to connect back with: its worker's own certificates, as for its other peers."""
+    from distributed import get_worker  # boundeddb[dask]: imported only in a Dask task
+
+    security: Any = get_worker().security
+    context: ssl.SSLContext | None = security.get_connection_args("worker")["ssl_context"]
+    if context is None:
+        msg = (
+            "the runner's callback uses TLS, as its Dask client does, but this Dask worker has no TLS "
+            "certificate (distributed.security.Security, role 'worker'): give them the cluster's certificates"
+        )
+        raise RuntimeError(msg)
+    return context
+
+
+def serve_dask(address: tuple[str, int], authkey: bytes, token: str, tls: bool) -> None:
     """
-    Send each message of a TCP connection at once, with ``TCP_NODELAY``.
+    A Dask task: connect back to the runner and serve as one of its workers until told to exit.
 
-    Else Nagle's algorithm holds a small message back until the previous one is acknowledged,
-    which the peer delays up to 40 ms: the workers would wait for units, and the parent for outcomes.
+    Its settings, the database URL with its password among them, come over that connection, in TLS
+    when the runner's is: never as the task's arguments, which go through the scheduler.
     """
-    with socket.socket(fileno=os.dup(connection.fileno())) as duplicate:  # options are the socket's
-        duplicate.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def serve_dask(address: tuple[str, int], authkey: bytes, token: str, config: WorkerConfig) -> None:
-    """A Dask task: connect back to the runner and serve as one of its workers until told to exit."""
-    connection = Client(address, authkey=authkey)
-    _no_delay(connection)
+    connection = connect(address, authkey, _worker_tls() if tls else None)
     connection.send_bytes(token.encode())
+    try:
+        config = pickle.loads(connection.recv_bytes())  # from the runner: it proved the key
+    except EOFError:  # Dask ran the task again after its worker died: the runner no longer waits for it
+        connection.close()
+        return
     worker.serve(connection, config)
 
 
@@ -173,21 +197,25 @@ class _DaskHandle:
 
 
 class DaskCluster:
-    """Workers as long-running tasks on a Dask cluster's workers, each connecting back to this process."""
+    """
+    Workers as long-running tasks on a Dask cluster's workers, each connecting back to this process.
+
+    They connect to a callback port on this host's interface toward the scheduler, in TLS when the
+    Dask client uses TLS, and prove that they know a key of 32 random bytes made for this runner.
+    """
 
     noun = "Dask task"
 
     def __init__(self, client: Any) -> None:
         self._client = client
         self._authkey = secrets.token_bytes(32)
-        host = _reachable_host(client.scheduler.address)
-        self._listener = Listener((host, 0), authkey=self._authkey)
-        self._address: tuple[str, int] = self._listener.address
         self._waiting: dict[str, queue.SimpleQueue[Connection]] = {}
         self._lock = threading.Lock()
-        self._closed = False
-        self._accepting = threading.Thread(target=self._accept, name="boundeddb-dask-accept", daemon=True)
-        self._accepting.start()
+        context = _listen_tls(client)
+        self._tls = context is not None
+        host = _reachable_host(client.scheduler.address)
+        self._callback = CallbackListener(host, self._authkey, context, self._arrived)
+        self._address = self._callback.address
 
     def _workers(self) -> list[str]:
         return sorted(self._client.scheduler_info()["workers"])
@@ -195,23 +223,14 @@ class DaskCluster:
     def default_workers(self) -> int:
         return max(1, len(self._workers()))
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                connection = self._listener.accept()
-            except Exception:  # a peer that failed the handshake, or close()'s poke
-                continue
-            try:
-                _no_delay(connection)
-                token = connection.recv_bytes().decode()
-            except (EOFError, OSError):
-                continue
-            with self._lock:
-                waiting = self._waiting.pop(token, None)
-            if waiting is None:
-                connection.close()  # a task Dask ran again after its worker died: not ours any more
-            else:
-                waiting.put(connection)
+    def _arrived(self, token: bytes, connection: Channel) -> None:
+        """A task connected back and proved the key: hand its connection to the start that waits for it."""
+        with self._lock:
+            waiting = self._waiting.pop(token.decode(errors="replace"), None)
+        if waiting is None:
+            connection.close()  # a task Dask ran again after its worker died: not ours any more
+        else:
+            waiting.put(connection)
 
     def start(self, number: int, config: WorkerConfig) -> _DaskHandle:
         workers = self._workers()
@@ -227,7 +246,7 @@ class DaskCluster:
             self._address,
             self._authkey,
             token,
-            config,
+            self._tls,
             key=f"boundeddb-worker-{number}-{token}",
             pure=False,
             workers=[where],
@@ -237,9 +256,12 @@ class DaskCluster:
         try:
             while True:
                 try:
-                    return _DaskHandle(future, arrived.get(timeout=0.1), where)
+                    connection = arrived.get(timeout=0.1)
                 except queue.Empty:
                     pass
+                else:  # the settings go over the connection, never through the scheduler
+                    connection.send_bytes(pickle.dumps(config, pickle.HIGHEST_PROTOCOL))
+                    return _DaskHandle(future, connection, where)
                 if future.done() or time.monotonic() > deadline:
                     error = future.exception() if future.status == "error" else None
                     msg = f"the Dask task of worker {number} ended before it connected back ({future.status})"
@@ -255,8 +277,4 @@ class DaskCluster:
                 self._waiting.pop(token, None)
 
     def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):  # wake the accepting thread: closing alone does not
-            socket.create_connection(self._address, timeout=1.0).close()
-        self._accepting.join(5.0)
-        self._listener.close()
+        self._callback.close()

@@ -65,7 +65,9 @@ class ProcessRunner:
         verify_commits: As for :class:`~boundeddb.SemaphoreRunner`. It also resolves the COMMIT of a
             unit whose worker died while committing it.
         cluster: A Dask :class:`distributed.Client`, from ``pip install 'boundeddb[dask]'``. Workers
-            run as long-lived tasks on its workers, each connecting back to this process.
+            run as long-lived tasks on its workers, each connecting back to this process, in TLS
+            with the cluster's certificates when the client uses TLS: see the Security section of
+            :doc:`/how-to/processes`.
         batch: As for :class:`~boundeddb.SemaphoreRunner`. Each worker puts up to ``size`` of its
             units in one transaction, so ``limit`` still bounds connections. A unit whose worker
             dies while its batch commits is ``commit_unknown``, as every unit of that batch is.
