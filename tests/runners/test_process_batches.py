@@ -45,6 +45,9 @@ async def test_each_worker_batches_its_share_and_every_unit_commits_once(
     assert [value[0] for value in report.values()] == list(range(400))
     assert committed(rows) == dict.fromkeys(range(400), 1)
     assert 8 <= transactions(rows) <= 40  # batches not full: those of a worker's last units
+    assert (report.stats.batches_committed, report.stats.units_rerun) == (transactions(rows), 0)
+    statistics = runner.statistics()
+    assert (statistics.batches_committed, statistics.units_rerun) == (transactions(rows), 0)
 
 
 async def test_a_failing_unit_fails_alone_in_its_worker_and_the_rest_commit_once(
@@ -56,6 +59,8 @@ async def test_a_failing_unit_fails_alone_in_its_worker_and_the_rest_commit_once
     assert [o.index for o in report.failures] == [n for n in range(200) if n % 7 == 3]
     assert all(isinstance(o.error, ValueError) for o in report.failures)
     assert committed(rows) == {n: 1 for n in range(200) if n % 7 != 3}
+    assert report.stats.units_rerun > 0, "the failing units' neighbours ran again"
+    assert report.stats.batches_committed == transactions(rows)
 
 
 async def test_a_worker_killed_mid_batch_loses_and_repeats_nothing(

@@ -233,6 +233,12 @@ class Totals:
                 [not failed, failed, outcome.commit_unknown, max(0, outcome.attempts - 1), outcome.wait_s]
             )
 
+    def add_batches(self, committed: int, rerun: int) -> None:
+        """Batches committed and units run again outside any recorded run, by a ProcessRunner's worker."""
+        with self._lock:
+            self._counts[_COUNTED.index("batches_committed")] += committed
+            self._counts[_COUNTED.index("units_rerun")] += rerun
+
     def _add(self, counts: list[Any]) -> None:
         for position, count in enumerate(counts):
             self._counts[position] += count

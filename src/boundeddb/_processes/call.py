@@ -127,6 +127,8 @@ class Call:
             limit_final=limit,
             limit_trace=((0.0, limit),),
             commits_verified=sum(1 for outcome in outcomes if outcome.commit_verified),
+            batches_committed=sum(committed for committed, _ in ledger.batches.values()),
+            units_rerun=sum(rerun for _, rerun in ledger.batches.values()),
         )
         report = RunReport(outcomes, stats)
         if self.input_error is not None:

@@ -76,6 +76,8 @@ class Ledger:
         self.error: BaseException | None = None
         #: What each worker said of the call when it closed it: peak connections, peak units in flight.
         self.peaks: dict[Link, tuple[int, int]] = {}
+        #: And, with ``batch=``, its batches committed and units run again.
+        self.batches: dict[Link, tuple[int, int]] = {}
         self._wakeup, self._waker = socket.socketpair()
         self._wakeup.setblocking(False)
         self._waker.setblocking(False)
@@ -122,6 +124,8 @@ class Ledger:
         elif isinstance(message, p.Closed):
             self.open_on.discard(link)
             self.peaks[link] = (message.peak_connections, message.peak_units)
+            self.batches[link] = (message.batches_committed, message.units_rerun)
+            self._totals.add_batches(message.batches_committed, message.units_rerun)
         elif isinstance(message, p.CallFailed):
             if self.error is None:
                 self.error = p.load_error(message.error, message.text, -1)

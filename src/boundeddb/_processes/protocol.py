@@ -212,6 +212,9 @@ class Closed(NamedTuple):
     call: int
     peak_connections: int
     peak_units: int
+    #: With ``batch=``: the call's batches committed on this worker, and units it ran again.
+    batches_committed: int = 0
+    units_rerun: int = 0
 
 
 class CallFailed(NamedTuple):

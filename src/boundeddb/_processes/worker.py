@@ -198,7 +198,7 @@ class WorkerSide:
     async def _run(self, call: WorkerCall) -> None:
         """Run a call's units as they come, until the parent closes, stops or cancels it."""
         call.running = True
-        peak = 0
+        peak = batches_committed = units_rerun = 0
         try:
             try:
                 call.fn = pickle.loads(call.fn_bytes)
@@ -216,6 +216,8 @@ class WorkerSide:
             finally:
                 peak = peaks.peak
                 peaks.close()
+                figures = runner.statistics()
+                batches_committed, units_rerun = figures.batches_committed, figures.units_rerun
         except asyncio.CancelledError:
             pass  # cancelled by the parent: the units in flight were rolled back
         finally:
@@ -224,7 +226,7 @@ class WorkerSide:
             call.held = 0
             self._calls.pop(call.id, None)
             with contextlib.suppress(OSError):
-                self.send(p.Closed(call.id, peak, call.peak_held))
+                self.send(p.Closed(call.id, peak, call.peak_held, batches_committed, units_rerun))
 
     # -- what became of a COMMIT when the worker sending it died ---------------------------------
 
