@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..measurement import Measurement
+from ..scenarios.overhead import goals
 from ..stats import by_fixed_limit, measured, median_of
 from .loop_lag import INLINE, best_boundeddb
 from .tables import UNDECIDED, median_rows
@@ -47,12 +48,13 @@ def _overhead(data: dict[str, Any]) -> str | None:
     ]
     if not found:
         return None
+    target = goals(name for name, s in pairs.items() if s["ratio_median"])
     shown = ", ".join(f"{name} {ratio:.3f}" for name, ratio, _ in found)
     k = max(n for *_, n in found)
     rounds = (
-        f"median of {k} rounds; target >= 0.97"
+        f"median of {k} rounds; target {target}"
         if k > 1
-        else "1 round, a first look; the 0.97 target wants --overhead-rounds 5"
+        else f"1 round, a first look: the target, {target}, wants --overhead-rounds 5"
     )
     return f"Library / hand-written ops/s ({rounds}): {shown}."
 
@@ -173,7 +175,8 @@ def _instructions(data: dict[str, Any]) -> str | None:
     if not pairs:
         return None
     shown = ", ".join(f"{p['ratio_name']} ({schema}) {p['ratio']:.3f}" for schema, p in pairs)
-    return f"Instructions per op, hand-written / library (target >= 0.97): {shown}."
+    target = goals(dict.fromkeys(name for s in data.get("instructions", {}).values() for name in s))
+    return f"Instructions per op, hand-written / library (target {target}): {shown}."
 
 
 def _targets(data: dict[str, Any]) -> str | None:

@@ -75,7 +75,7 @@ def _settled(p: Probe, results: list[Any]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _async_probe(
+async def async_probe(
     ctx: Context,
     limit: int,
     ops: list[Op],
@@ -107,16 +107,29 @@ async def _async_probe(
 
 
 @contextlib.contextmanager
-def _sync_probe(
-    ctx: Context, limit: int, ops: list[Op], label: str, group: str, way: str
+def sync_probe(
+    ctx: Context,
+    limit: int,
+    ops: list[Op],
+    label: str,
+    group: str,
+    way: str,
+    scenario: str = "hand-rolled-threads",
+    **settings: Any,
 ) -> Iterator[tuple[sessionmaker[Session], Probe]]:
     """Fresh tables, a Session factory on a pool of ``limit``, and one measurement's probe, not yet open."""
     ctx.reset()
     app = ctx.app_name(label)
     engine = ctx.db.sync_engine(app, pool_size=limit, driver=ctx.db.thread_driver)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    config = {"driver": ctx.db.thread_driver, "limit": limit, "pool_size": limit, "max_overflow": 0}
-    probe = Probe(ctx, "hand-rolled-threads", label, total=len(ops), app_name=app, group=group, config=config)
+    config = {
+        "driver": ctx.db.thread_driver,
+        "limit": limit,
+        "pool_size": limit,
+        "max_overflow": 0,
+        **settings,
+    }
+    probe = Probe(ctx, scenario, label, total=len(ops), app_name=app, group=group, config=config)
     probe.m.extra["note"] = way.format(driver=ctx.db.thread_driver)
     try:
         yield sessions, probe
@@ -135,7 +148,7 @@ async def measure_async(
             return await timed_op(sessions, op, p)
 
     way, label = "a task per op behind asyncio.Semaphore(L)", label or f"hand-rolled (L={limit})"
-    async with _async_probe(ctx, limit, ops, label, group, way) as (sessions, p):
+    async with async_probe(ctx, limit, ops, label, group, way) as (sessions, p):
         tasks = [asyncio.create_task(one(sessions, op, p)) for op in ops]
         _settled(p, await asyncio.gather(*tasks, return_exceptions=True))
 
@@ -162,7 +175,7 @@ async def measure_window(
             latencies.append(time.perf_counter() - start)
 
     way, label = "L worker coroutines pulling ops from one iterator", label or f"hand-window (L={limit})"
-    async with _async_probe(ctx, limit, ops, label, group, way) as (sessions, p):
+    async with async_probe(ctx, limit, ops, label, group, way) as (sessions, p):
         todo = iter(ops)
         await asyncio.gather(*(worker(sessions, todo, p) for _ in range(limit)))
         p.latencies, p.failed = latencies, failed
@@ -173,7 +186,7 @@ async def measure_chunks(
 ) -> None:
     """Run ``ops`` as ``asyncio.gather`` over each consecutive chunk of ``limit`` ops."""
     way, label = "asyncio.gather over each chunk of L ops", label or f"hand-chunks (L={limit})"
-    async with _async_probe(ctx, limit, ops, label, group, way, chunk_size=limit) as (sessions, p):
+    async with async_probe(ctx, limit, ops, label, group, way, chunk_size=limit) as (sessions, p):
         results: list[Any] = []
         for i in range(0, len(ops), limit):
             chunk = ops[i : i + limit]
@@ -192,7 +205,7 @@ async def measure_aiometer(
     label = label or f"aiometer (L={limit})"
     way = "aiometer.run_on_each(fn, ops, max_at_once=L)"
     latencies: list[float] = []
-    async with _async_probe(ctx, limit, ops, label, group, way, scenario="aiometer") as (sessions, p):
+    async with async_probe(ctx, limit, ops, label, group, way, scenario="aiometer") as (sessions, p):
 
         async def one(op: Op) -> None:
             try:
@@ -220,7 +233,7 @@ def measure_threads(
     label = label or f"hand-rolled-threads (L={limit})"
     way = "ThreadPoolExecutor(L).map with a Session per op, {driver}, no loop"
     with (
-        _sync_probe(ctx, limit, ops, label, group, way) as (sessions, probe),
+        sync_probe(ctx, limit, ops, label, group, way) as (sessions, probe),
         probe as p,
         ThreadPoolExecutor(limit, thread_name_prefix="hand-rolled") as pool,
     ):
@@ -233,7 +246,7 @@ async def measure_run_in_executor(
     """Run ``ops`` as ``asyncio.gather`` over ``loop.run_in_executor`` on a ``ThreadPoolExecutor(limit)``."""
     label = label or f"hand-run-in-executor (L={limit})"
     way = "asyncio.gather over loop.run_in_executor(ThreadPoolExecutor(L), ...), {driver}"
-    with _sync_probe(ctx, limit, ops, label, group, way) as (sessions, probe):
+    with sync_probe(ctx, limit, ops, label, group, way) as (sessions, probe):
         async with probe as p:
             loop = asyncio.get_running_loop()
             with ThreadPoolExecutor(limit, thread_name_prefix="hand-rolled") as pool:

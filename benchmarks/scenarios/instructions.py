@@ -16,7 +16,9 @@ on wall time is inflated ~50x under valgrind — the library's 5 ms loop-lag tic
 library's count is, if anything, too high.  The sampler thread of the other scenarios is off here.
 
 The ratio reported is hand-written / library instructions per op: at least 0.97 means the library
-costs at most 3% more client work per op.  Where a pair has an instrumented peer (the library side
+costs at most 3% more client work per op (the batch pairs' target, issue #33's, is 0.95: at most 5%;
+a batch pair's op is one of the 50 a transaction holds, so its per-op count carries a fiftieth of the
+batch's session, transaction and COMMIT).  Where a pair has an instrumented peer (the library side
 under ``boundeddb.instrument()``), it is counted too, and reported as instrumented / library (the
 goal: at most 1.10).  Skipped, with a note, where valgrind is not installed.
 """
@@ -109,7 +111,7 @@ SCENARIO = Scenario(
     run=run,
     what="the overhead pairs in CPU instructions per op under callgrind (valgrind; ~8 min per pair)",
     section="Instructions per op (callgrind)",
-    seconds=1900,
+    seconds=2800,
     index_pass=True,
     default=False,
 )

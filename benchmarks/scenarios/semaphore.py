@@ -66,7 +66,7 @@ async def probed_runner(
     app = ctx.app_name(label)
     driver = driver or ctx.db.async_driver
     bar = not runner_bar
-    config = {**pool_config(limit, capacity, driver), **(extra or {})}
+    config = {**pool_config(limit, capacity, driver), **({"batch": batch} if batch else {}), **(extra or {})}
     engine = ctx.db.async_engine(
         app, pool_size=config["pool_size"], driver=driver, pool_use_lifo=config["pool_use_lifo"]
     )

@@ -7,7 +7,8 @@ The runner is awaited from an event loop and runs sync units in L worker threads
 own Session, on psycopg (3) and, as a second row, on psycopg2.  With ``--database mysql``,
 ``threads`` runs on pymysql and ``threads-mysqldb`` on mysqlclient (where it is installed: it builds
 from source against libmariadb).  :func:`measure_sync` calls ``run_sync`` from plain sync code
-instead (no event loop of the caller's), for the ``overhead`` scenario.
+instead (no event loop of the caller's), for the ``overhead`` scenario, with ``batch=`` for its
+``threads-batch`` pair.
 """
 
 from __future__ import annotations
@@ -104,12 +105,19 @@ def measure_sync(
     driver: str,
     group: str = "main",
     label: str | None = None,
+    batch: int | None = None,
 ) -> None:
-    """Run ``ops`` through ``ThreadOffloadRunner(limit).run_sync`` from sync code, on fresh tables."""
-    scenario, label, app, engine, sessions, config = _setup(ctx, limit, driver, label, "-run-sync")
+    """
+    Run ``ops`` through ``ThreadOffloadRunner(limit, batch=batch).run_sync`` from sync code, on
+    fresh tables.
+    """
+    default = "-run-sync" if batch is None else f"-run-sync-batch{batch}"
+    scenario, label, app, engine, sessions, config = _setup(ctx, limit, driver, label, default)
+    if batch is not None:
+        config["batch"] = batch
     try:
         with (
-            ThreadOffloadRunner(sessions, limit=limit, errors="collect") as runner,
+            ThreadOffloadRunner(sessions, limit=limit, errors="collect", batch=batch) as runner,
             Probe(
                 ctx, scenario, label, total=len(ops), app_name=app, group=group, config=config, bar=False
             ) as p,
