@@ -22,11 +22,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession
 
-import boundeddb
 from boundeddb import ProcessRunner, RunFailed
 from boundeddb._processes import callback
 from boundeddb.testing import PostgresServer, driver_url
-from tests.runners.test_observability import Telemetry
+from tests.support.telemetry import Telemetry, telemetry_fixture  # noqa: F401 -- a fixture pytest finds here
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres, pytest.mark.usefixtures("collect_garbage")]
 
@@ -261,15 +260,6 @@ async def test_the_callback_is_tls_when_the_cluster_is(
 
 
 # -- the password -------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def telemetry() -> Iterator[Telemetry]:
-    """boundeddb instrumented with in-memory providers for the test; uninstrumented after."""
-    recorded = Telemetry()
-    boundeddb.instrument(meter_provider=recorded.meters, tracer_provider=recorded.tracers)
-    yield recorded
-    boundeddb.uninstrument()
 
 
 @pytest.mark.parametrize("where", ["processes", "dask", "dask-tls"])
