@@ -30,6 +30,7 @@ from ._errors import (
     WorkerLostError,
     WorkerStartError,
 )
+from ._journal import Journal
 from ._outcome import Outcome, RunReport
 from ._pgbouncer import pgbouncer_engine_options
 from ._processes.runner import ProcessRunner
@@ -50,6 +51,7 @@ __all__ = [
     "BatchPolicy",
     "BoundedDBError",
     "ChunkedRunner",
+    "Journal",
     "Outcome",
     "ProcessRunner",
     "RetryPolicy",

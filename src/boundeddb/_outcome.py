@@ -55,6 +55,11 @@ class Outcome(Generic[T]):
     #:
     #: .. versionadded:: 0.2.0
     commit_verified: bool = False
+    #: ``True`` if the unit did not run because its :class:`~boundeddb.Journal` row says an earlier
+    #: run committed it. It is ``ok``, with no value and ``attempts == 0``.
+    #:
+    #: .. versionadded:: 0.3.0
+    skipped: bool = False
 
     @property
     def ok(self) -> bool:

@@ -83,6 +83,11 @@ class RunStats:
     #:
     #: .. versionadded:: 0.3.0
     units_rerun: int = 0
+    #: Units not run because their :class:`~boundeddb.Journal` row says an earlier run committed them.
+    #: They count in neither ``submitted`` nor ``succeeded``. 0 without a journal.
+    #:
+    #: .. versionadded:: 0.3.0
+    skipped: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,6 +144,10 @@ class RunnerStatistics:
     #:
     #: .. versionadded:: 0.3.0
     units_rerun: int = 0
+    #: Units skipped as done by a :class:`~boundeddb.Journal` since the runner was made.
+    #:
+    #: .. versionadded:: 0.3.0
+    skipped: int = 0
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:

@@ -294,7 +294,10 @@ class CallTelemetry:
 
         telemetry = self._telemetry
         error = outcome.error
-        kind = "ok" if error is None else "commit_unknown" if outcome.commit_unknown else "error"
+        if error is not None:
+            kind = "commit_unknown" if outcome.commit_unknown else "error"
+        else:
+            kind = "skipped" if outcome.skipped else "ok"
         if telemetry.metrics:
             telemetry.duration.record(outcome.latency_s, {**self._attributes, "boundeddb.outcome": kind})
             telemetry.wait.record(outcome.wait_s, self._wait_attributes)
@@ -327,6 +330,10 @@ class _Traced:
 
     def __init__(self, unit: Any, context: Context, is_async: bool) -> None:
         self._unit, self._context, self._is_async = unit, context, is_async
+
+    def __getattr__(self, name: str) -> Any:
+        # What the executor asks of the unit it wraps: a journalled unit's probe of a lost COMMIT.
+        return getattr(self._unit, name)
 
     def __call__(self, session: Any) -> Any:
         from opentelemetry import context

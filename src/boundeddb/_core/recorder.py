@@ -65,6 +65,9 @@ class NullRecorder:
     def unit_finished(self, outcome: Outcome[object]) -> None:
         pass
 
+    def unit_skipped(self) -> None:
+        pass
+
     def attempt_paused(self) -> None:
         pass
 
@@ -97,6 +100,7 @@ class Recorder(NullRecorder):
         "loop_lag",
         "peak_in_flight",
         "retried",
+        "skipped",
         "started",
         "submitted",
         "succeeded",
@@ -113,6 +117,7 @@ class Recorder(NullRecorder):
         self.commit_unknown = 0
         self.batches_committed = 0
         self.units_rerun = 0
+        self.skipped = 0
         self.wait_s = 0.0
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -145,6 +150,11 @@ class Recorder(NullRecorder):
                 self.commits_verified += 1
             if self.keep_latencies:
                 self.latencies.append(outcome.latency_s)
+
+    def unit_skipped(self) -> None:
+        """A journalled item was done already: it is settled without running."""
+        with self._lock:
+            self.skipped += 1
 
     def attempt_paused(self) -> None:
         """A unit gave its slot back to back off before a retry: it is not in flight meanwhile."""
@@ -196,12 +206,22 @@ class Recorder(NullRecorder):
             commits_verified=self.commits_verified,
             batches_committed=self.batches_committed,
             units_rerun=self.units_rerun,
+            skipped=self.skipped,
             **limits,
         )
 
 
 #: What :class:`Totals` counts: a :class:`Recorder`'s fields of the same names.
-_COUNTED = ("succeeded", "failed", "commit_unknown", "retried", "wait_s", "batches_committed", "units_rerun")
+_COUNTED = (
+    "succeeded",
+    "failed",
+    "commit_unknown",
+    "retried",
+    "wait_s",
+    "batches_committed",
+    "units_rerun",
+    "skipped",
+)
 
 
 class Totals:
@@ -226,9 +246,12 @@ class Totals:
             self._add([getattr(recorder, name) for name in _COUNTED])
 
     def add(self, outcome: Outcome[object]) -> None:
-        """One unit settled outside any recorded run, by ``submit()``."""
+        """One unit settled outside any recorded run: by ``submit()``, or a ProcessRunner's."""
         failed = outcome.error is not None
         with self._lock:
+            if outcome.skipped:
+                self._counts[_COUNTED.index("skipped")] += 1
+                return
             self._add(
                 [not failed, failed, outcome.commit_unknown, max(0, outcome.attempts - 1), outcome.wait_s]
             )
@@ -259,6 +282,7 @@ class Totals:
             "slot_wait_s",
             "batches_committed",
             "units_rerun",
+            "skipped",
         )
         return {
             name: figure if name == "slot_wait_s" else int(figure)

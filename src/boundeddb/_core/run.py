@@ -25,7 +25,17 @@ from .feedback import OutcomeHook
 from .recorder import NullRecorder
 from .sinks import Sink
 
-__all__ = ["END", "REFUSED", "Pulled", "Run", "SinkT", "failures_error"]
+__all__ = [
+    "END",
+    "REFUSED",
+    "SKIPPED",
+    "Foregone",
+    "Pulled",
+    "Run",
+    "SinkT",
+    "failures_error",
+    "foregone_outcome",
+]
 
 
 class Pulled(enum.Enum):
@@ -40,6 +50,32 @@ class Pulled(enum.Enum):
 # The per-unit path compares with these by identity, as module globals.
 END: Final = Pulled.END
 REFUSED: Final = Pulled.REFUSED
+
+
+class Foregone:
+    """
+    An item of a journalled input whose outcome is known without running it: done already, or failed.
+
+    :class:`Run` numbers it as it would a unit, and gives it its outcome on the spot.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception | None) -> None:
+        #: Why the item failed before a unit was made for it, or None if it is done already.
+        self.error = error
+
+
+#: An item whose journal row says it is done: its outcome is :attr:`Outcome.skipped`.
+SKIPPED: Final = Foregone(None)
+
+
+def foregone_outcome(foregone: Foregone, index: int) -> Outcome[Any]:
+    """The outcome of a :class:`Foregone` item numbered ``index``."""
+    if foregone.error is None:
+        return Outcome(index, None, None, 0.0, 0.0, attempts=0, skipped=True)
+    return Outcome(index, None, foregone.error, 0.0, 0.0, attempts=0)
+
 
 #: No unit withdrawn: shared by every run that is not a batch of ``submit()`` calls, never written.
 _NONE_WITHDRAWN: Final[set[int]] = set()
@@ -69,6 +105,7 @@ class Run(Generic[SinkT]):
         size: float | None = None,
         telemetry: CallTelemetry | None = None,
         batched: bool = False,
+        journalled: bool = False,
     ) -> None:
         self.sink = sink
         self._put: Callable[[Outcome[Any]], None] = sink.put
@@ -84,6 +121,9 @@ class Run(Generic[SinkT]):
             self._wrap = telemetry.wrap
             if not batched:  # a batch wraps its units itself, in its own span
                 self._admit = self._admit_wrapped  # type: ignore[method-assign]
+        if journalled:  # the input holds Foregone items too: else nothing more per unit
+            self._admit_unit = self._admit
+            self._admit = self._admit_journalled  # type: ignore[method-assign]
         self.recorder = recorder
         #: With an auto limit: told the latency of each unit that succeeded, from any thread.
         self._observe = observe
@@ -234,6 +274,18 @@ class Run(Generic[SinkT]):
         if admitted.__class__ is tuple:
             return self._wrap(unit, index), index
         return admitted
+
+    def _admit_journalled(self, unit: Any, index: int) -> tuple[Any, int] | Pulled:
+        """As :meth:`_admit`, for an input that may hold :class:`Foregone` items: those settle on the spot."""
+        if unit.__class__ is not Foregone:
+            return self._admit_unit(unit, index)
+        if unit.error is None:
+            self.recorder.unit_skipped()
+            self._put(foregone_outcome(unit, index))
+        else:
+            self.recorder.unit_started()
+            self.finish(foregone_outcome(unit, index))
+        return REFUSED
 
     def stop(self) -> None:
         """Start no more units. Any thread may call it."""

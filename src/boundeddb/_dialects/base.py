@@ -146,6 +146,18 @@ class Dialect:
         """SQL that makes the server stop any statement of this transaction after ``timeout`` s, if any."""
         return None
 
+    def lock_wait_sql(self, seconds: int) -> str | None:
+        """
+        SQL that bounds how long this connection waits for a row lock, or None if the driver does.
+
+        For the journal's probe of a lost COMMIT. A setting that outlives the transaction leaves
+        the connection to be discarded afterwards: see :attr:`lock_wait_outlives_transaction`.
+        """
+        return None
+
+    #: Whether :meth:`lock_wait_sql` sets the session, not only the transaction.
+    lock_wait_outlives_transaction = False
+
     def is_statement_timeout(self, error: BaseException) -> bool:
         """Whether ``error`` is the server stopping a statement for :meth:`statement_timeout_sql`."""
         return False

@@ -202,6 +202,11 @@ class MySQL(Dialect):
             return True
         return super()._is_lost(orig)
 
+    lock_wait_outlives_transaction = True
+
+    def lock_wait_sql(self, seconds: int) -> str:
+        return f"SET SESSION innodb_lock_wait_timeout = {seconds}"
+
     def is_transient(self, error: BaseException) -> bool:
         if self.is_connection_error(error):
             return True

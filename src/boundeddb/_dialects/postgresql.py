@@ -75,6 +75,9 @@ class PostgreSQL(Dialect):
         milliseconds = max(1, round(timeout * 1000))
         return f"SET LOCAL statement_timeout = {milliseconds}"
 
+    def lock_wait_sql(self, seconds: int) -> str:
+        return f"SET LOCAL lock_timeout = {seconds * 1000}"
+
     def is_statement_timeout(self, error: BaseException) -> bool:
         return isinstance(error, sa_exc.DBAPIError) and sqlstate(error.orig) == QUERY_CANCELED
 

@@ -111,6 +111,9 @@ async def attempt_batch_async(
             note_failure(dialect, guard, error)
             await invalidate_async(session, guard.connection)
             if dialect.commit_fate_unknown(error):
+                probe = getattr(units[0][0], "probe_async", None)
+                if probe is not None:  # journalled units: one's row tells what became of the batch
+                    raise await probe(CommitUnknown(error, xid, values)) from None
                 raise CommitUnknown(error, xid, values) from None
             raise
         return values
@@ -195,6 +198,9 @@ def attempt_batch_sync(
             dialect.note_lost_connection(error, dbapi_connection)
             invalidate_sync(connection)
             if dialect.commit_fate_unknown(error):
+                probe = getattr(units[0][0], "probe_sync", None)
+                if probe is not None:  # as in attempt_batch_async
+                    raise probe(CommitUnknown(error, xid, values)) from None
                 raise CommitUnknown(error, xid, values) from None
             raise
         return values

@@ -151,6 +151,9 @@ async def attempt_async(
             # A failed COMMIT can leave the transaction open on the connection: discard it.
             await invalidate_async(session, guard.connection)
             if dialect.commit_fate_unknown(error):
+                probe = getattr(unit, "probe_async", None)
+                if probe is not None:  # a journalled unit: its journal row tells what became of it
+                    raise await probe(CommitUnknown(error, xid, value)) from None
                 raise CommitUnknown(error, xid, value) from None
             raise
         return value
@@ -275,6 +278,9 @@ def attempt_sync(
             # A failed COMMIT can leave the transaction open on the connection: discard it.
             invalidate_sync(connection)
             if dialect.commit_fate_unknown(error):
+                probe = getattr(unit, "probe_sync", None)
+                if probe is not None:  # as in attempt_async
+                    raise probe(CommitUnknown(error, xid, value)) from None
                 raise CommitUnknown(error, xid, value) from None
             raise
         return value

@@ -10,9 +10,10 @@ from typing import Any
 import anyio
 
 from .._core.recorder import LoopLag
-from .._core.run import failures_error
+from .._core.run import Foregone, failures_error, foregone_outcome
 from .._errors import UnpicklableError
 from .._outcome import Outcome, RunReport
+from .._runners.journal_units import JournalCall
 from .._stats import RunStats, percentile
 from .._telemetry import active
 from . import protocol as p
@@ -57,8 +58,11 @@ class Call:
         stop_on_failure: bool,
         verify: bool,
         attributes: Mapping[str, str],
+        journal: JournalCall | None = None,
     ) -> None:
         self.fleet = fleet
+        #: With ``journal=``: the items come keyed, ``(item, key)``, or settled, from its lookups.
+        self._journal = journal
         telemetry = active()
         call_telemetry = None
         carrier: dict[str, str] | None = None
@@ -73,7 +77,8 @@ class Call:
             telemetry=call_telemetry,
         )
         fleet.register(ledger)
-        self._call_message = pickle.dumps(p.CallBegins(ledger.id, kind.value, fn, carrier))
+        spec = None if journal is None else (journal.job, journal.rows.table)
+        self._call_message = pickle.dumps(p.CallBegins(ledger.id, kind.value, fn, carrier, spec))
         #: Workers told to stop or close the call, and those told to cancel it.
         self._told: set[Link] = set()
         self._cancel_told: set[Link] = set()
@@ -84,7 +89,7 @@ class Call:
 
     async def run(self, items: Iterable[Any] | AsyncIterable[Any]) -> None:
         """Hand the items out until every unit has settled and every worker closed the call."""
-        pull = _Input(items)
+        pull = _Input(items if self._journal is None else self._journal.keyed(items))
         try:
             while True:
                 await self._hand_out(pull)
@@ -104,15 +109,16 @@ class Call:
         ledger = self.ledger
         elapsed = perf_counter() - self._started
         outcomes = sorted(ledger.outcomes, key=lambda outcome: outcome.index)
-        latencies = sorted(outcome.latency_s for outcome in outcomes)
-        succeeded = sum(1 for outcome in outcomes if outcome.error is None)
+        latencies = sorted(outcome.latency_s for outcome in outcomes if not outcome.skipped)
+        skipped = sum(1 for outcome in outcomes if outcome.skipped)
+        succeeded = sum(1 for outcome in outcomes if outcome.error is None) - skipped
         lag_p99, lag_max = loop_lag.summary() if loop_lag is not None else (None, None)
         stats = RunStats(
-            submitted=len(outcomes),
+            submitted=len(outcomes) - skipped,
             succeeded=succeeded,
-            failed=len(outcomes) - succeeded,
+            failed=len(outcomes) - skipped - succeeded,
             elapsed_s=elapsed,
-            throughput=len(outcomes) / elapsed if elapsed > 0 else 0.0,
+            throughput=(len(outcomes) - skipped) / elapsed if elapsed > 0 else 0.0,
             latency_p50_s=percentile(latencies, 0.50),
             latency_p95_s=percentile(latencies, 0.95),
             latency_p99_s=percentile(latencies, 0.99),
@@ -129,6 +135,7 @@ class Call:
             commits_verified=sum(1 for outcome in outcomes if outcome.commit_verified),
             batches_committed=sum(committed for committed, _ in ledger.batches.values()),
             units_rerun=sum(rerun for _, rerun in ledger.batches.values()),
+            skipped=skipped,
         )
         report = RunReport(outcomes, stats)
         if self.input_error is not None:
@@ -165,6 +172,12 @@ class Call:
                 break
             index = self._next_index
             self._next_index += 1
+            if item.__class__ is Foregone:  # done already, or its key is wrong: never handed out
+                with self.fleet.lock:
+                    ledger.settle(foregone_outcome(item, index))
+                if ledger.stopping:
+                    break
+                continue
             try:
                 new.append((index, pickle.dumps(item, pickle.HIGHEST_PROTOCOL)))
             except Exception as error:

@@ -108,6 +108,8 @@ class CallBegins(NamedTuple):
     fn: bytes
     #: The caller's trace context, when ``boundeddb.instrument()`` instruments it.
     carrier: dict[str, str] | None
+    #: With ``journal=``, ``(job, table)``: each item comes pickled with its key, as ``(item, key)``.
+    journal: tuple[str, str] | None = None
 
 
 class Units(NamedTuple):

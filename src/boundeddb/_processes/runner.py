@@ -19,14 +19,17 @@ from .._arguments import ErrorsMode, check_errors
 from .._batch import BatchPolicy
 from .._core.recorder import LoopLag
 from .._errors import RunnerClosedError
+from .._journal import Journal
 from .._outcome import RunReport
 from .._retry import RetryPolicy
 from .._runners.binding import run_blocking
+from .._runners.journal_units import check_journal
 from .._stats import RunnerStatistics
 from .._telemetry import labels, register
 from .._typing import ItemT, T
 from .call import Call
 from .fleet import Fleet
+from .lookups import Lookups
 from .plan import Plan, check_driver, check_fn
 
 __all__ = ["ProcessRunner"]
@@ -106,6 +109,7 @@ class ProcessRunner:
         self._fleet = Fleet(plan.backend, plan.configs)
         self._labels = labels("ProcessRunner", plan.url.get_dialect().name)
         register(self, self._labels)
+        self._engine_options: Mapping[str, Any] = dict(engine_options or {})
         self._closed = False
         self._finalizer = weakref.finalize(self, self._fleet.close)
 
@@ -180,15 +184,25 @@ class ProcessRunner:
         self,
         fn: Callable[[AsyncSession, ItemT], Awaitable[T]],
         items: Iterable[ItemT] | AsyncIterable[ItemT],
+        *,
+        journal: Journal[ItemT] | None = None,
     ) -> RunReport[T]: ...
 
     @overload
     async def map(
-        self, fn: Callable[[Session, ItemT], T], items: Iterable[ItemT] | AsyncIterable[ItemT]
+        self,
+        fn: Callable[[Session, ItemT], T],
+        items: Iterable[ItemT] | AsyncIterable[ItemT],
+        *,
+        journal: Journal[ItemT] | None = None,
     ) -> RunReport[T]: ...
 
     async def map(
-        self, fn: Callable[[Any, Any], Any], items: Iterable[Any] | AsyncIterable[Any]
+        self,
+        fn: Callable[[Any, Any], Any],
+        items: Iterable[Any] | AsyncIterable[Any],
+        *,
+        journal: Journal[Any] | None = None,
     ) -> RunReport[Any]:
         """
         Run ``fn(session, item)`` for every item in the workers, each unit in its own session and transaction.
@@ -202,6 +216,10 @@ class ProcessRunner:
                 ``def fn(session: Session, item)``.
                 Its value must be picklable.
             items: Iterable or async iterable of picklable items.
+            journal: As for :meth:`boundeddb.SemaphoreRunner.map`: the parent looks the keys up, on
+                a connection of its own beside ``limit``, and never hands out an item that is done;
+                each worker writes its units' rows. ``key`` runs in the parent and need not be
+                picklable. *New in 0.3.0.*
 
         Returns:
             A :class:`~boundeddb.RunReport` in input order, with stats merged over all workers.
@@ -215,17 +233,29 @@ class ProcessRunner:
         Cancelling the call cancels the units in flight on every worker and waits for them before it
         propagates. They roll back: nothing commits after a worker has seen the cancellation.
         """
-        return await self._map(fn, items, measure_loop_lag=True)
+        return await self._map(fn, items, journal, measure_loop_lag=True)
 
     @overload
     def map_sync(
-        self, fn: Callable[[AsyncSession, ItemT], Awaitable[T]], items: Iterable[ItemT]
+        self,
+        fn: Callable[[AsyncSession, ItemT], Awaitable[T]],
+        items: Iterable[ItemT],
+        *,
+        journal: Journal[ItemT] | None = None,
     ) -> RunReport[T]: ...
 
     @overload
-    def map_sync(self, fn: Callable[[Session, ItemT], T], items: Iterable[ItemT]) -> RunReport[T]: ...
+    def map_sync(
+        self,
+        fn: Callable[[Session, ItemT], T],
+        items: Iterable[ItemT],
+        *,
+        journal: Journal[ItemT] | None = None,
+    ) -> RunReport[T]: ...
 
-    def map_sync(self, fn: Callable[[Any, Any], Any], items: Iterable[Any]) -> RunReport[Any]:
+    def map_sync(
+        self, fn: Callable[[Any, Any], Any], items: Iterable[Any], *, journal: Journal[Any] | None = None
+    ) -> RunReport[Any]:
         """
         Run :meth:`map` from plain sync code and return its report.
 
@@ -235,11 +265,13 @@ class ProcessRunner:
         Raises:
             RuntimeError: if called from async code. There, ``await runner.map(fn, items)`` instead.
         """
-        call = partial(self._map, fn, items, measure_loop_lag=False)
+        call = partial(self._map, fn, items, journal, measure_loop_lag=False)
         report: RunReport[Any] = run_blocking(call, "map_sync", "await runner.map(fn, items)")
         return report
 
-    async def _map(self, fn: object, items: object, *, measure_loop_lag: bool) -> RunReport[Any]:
+    async def _map(
+        self, fn: object, items: object, journal: object, *, measure_loop_lag: bool
+    ) -> RunReport[Any]:
         kind, fn_bytes = check_fn(fn)
         check_driver(kind, self._url)
         if not isinstance(items, (Iterable, AsyncIterable)) or isinstance(items, (str, bytes)):
@@ -249,7 +281,9 @@ class ProcessRunner:
             )
             raise TypeError(msg)
         checked: Iterable[Any] | AsyncIterable[Any] = items
+        journalled = None if journal is None else check_journal(journal, "ProcessRunner")
         self._check_open()
+        lookups = None if journalled is None else Lookups(self._url, self._engine_options)
         self._fleet.start()
         call = Call(
             self._fleet,
@@ -258,11 +292,17 @@ class ProcessRunner:
             stop_on_failure=self._errors == "raise",
             verify=self._verify,
             attributes=self._labels,
+            journal=None if lookups is None or journalled is None else lookups.call(journalled),
         )
         loop_lag = LoopLag() if measure_loop_lag else None
-        async with anyio.create_task_group() as tasks:
-            if loop_lag is not None:
-                tasks.start_soon(loop_lag.tick_forever)
-            await call.run(checked)
-            tasks.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tasks:
+                if loop_lag is not None:
+                    tasks.start_soon(loop_lag.tick_forever)
+                await call.run(checked)
+                tasks.cancel_scope.cancel()
+        finally:
+            if lookups is not None:
+                with anyio.CancelScope(shield=True):
+                    await lookups.aclose()
         return call.report(self._limit, loop_lag)

@@ -23,6 +23,7 @@ from .._dialects import for_name
 from .._errors import WorkerLostError
 from .._executors.checkouts import track_peak
 from .._executors.verify import CommitVerifier
+from .._runners.journal_units import JournalRows
 from .._runners.semaphore import SemaphoreRunner
 from .._runners.thread_offload import ThreadOffloadRunner
 from .._telemetry import attached
@@ -150,7 +151,9 @@ class WorkerSide:
             else:
                 call.add(message.units)
         elif kind is p.CallBegins:
-            call = WorkerCall(self, message.call, Kind(message.kind), message.fn, message.carrier)
+            call = WorkerCall(
+                self, message.call, Kind(message.kind), message.fn, message.carrier, message.journal
+            )
             self._calls[message.call] = call
             call.task = self._spawn(self._run(call))
         elif kind is p.Close or kind is p.Stop or kind is p.Cancel:
@@ -204,6 +207,17 @@ class WorkerSide:
                 call.fn = pickle.loads(call.fn_bytes)
                 engine = self._engine(call.kind)
                 runner = self._runner(call.kind, engine)
+                if call.journal is not None:  # the parent looked the keys up and made the table
+                    job, table = call.journal
+                    sync_engine = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
+                    call.rows = JournalRows(
+                        job,
+                        table,
+                        sync_engine,
+                        self._dialect,
+                        async_units=call.kind is Kind.ASYNC,
+                        create_table=False,
+                    )
             except Exception as error:
                 call.stop()
                 data, text_ = p.dump_error(error, -1)

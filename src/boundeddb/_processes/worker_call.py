@@ -12,8 +12,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from .._core.attempts import CommitUnknown
 from .._errors import UnpicklableError
 from .._outcome import Outcome
+from .._runners.journal_units import JournalRows
 from . import protocol as p
 from .protocol import Kind
 
@@ -95,9 +97,13 @@ class _AsyncUnit:
         self._call, self._index, self._item, self._place = call, index, item, place
 
     async def __call__(self, session: AsyncSession) -> None:
-        call, index = self._call, self._index
+        call = self._call
         call.begin(self._place)
-        value = await call.fn(session, _load_item(self._item, index))
+        await self._finish(session, await call.fn(session, _load_item(self._item, self._index)))
+
+    async def _finish(self, session: AsyncSession, value: Any) -> None:
+        """Mark the unit committing, with its value, once ``fn`` returned it."""
+        call, index = self._call, self._index
         payload = p.dump_value(value, index)
         xid = None
         if call.xid_sql is not None:
@@ -115,9 +121,13 @@ class _SyncUnit:
         self._call, self._index, self._item, self._place = call, index, item, place
 
     def __call__(self, session: Session) -> None:
-        call, index = self._call, self._index
+        call = self._call
         call.begin(self._place)
-        value = call.fn(session, _load_item(self._item, index))
+        self._finish(session, call.fn(session, _load_item(self._item, self._index)))
+
+    def _finish(self, session: Session, value: Any) -> None:
+        """As :meth:`_AsyncUnit._finish`."""
+        call, index = self._call, self._index
         payload = p.dump_value(value, index)
         xid = None
         if call.xid_sql is not None:
@@ -126,13 +136,62 @@ class _SyncUnit:
         call.committing(index, self._place, xid, payload)
 
 
+class _JournalledAsyncUnit(_AsyncUnit):
+    """An :class:`_AsyncUnit` whose item comes with its journal key: it writes the key's row first."""
+
+    __slots__ = ("_key",)
+
+    async def __call__(self, session: AsyncSession) -> None:
+        call, index = self._call, self._index
+        call.begin(self._place)
+        item, self._key = _load_item(self._item, index)
+        rows = call.rows
+        assert rows is not None
+        await (await session.connection()).execute(rows.insert, {"job": rows.job, "item_key": self._key})
+        await self._finish(session, await call.fn(session, item))
+
+    async def probe_async(self, unknown: CommitUnknown) -> Exception:
+        """What became of this unit's lost COMMIT, by its key: see ``JournalRows.probe_async``."""
+        assert self._call.rows is not None
+        return await self._call.rows.probe_async(self._key, unknown)
+
+
+class _JournalledSyncUnit(_SyncUnit):
+    """As :class:`_JournalledAsyncUnit`, on a Session in a worker thread."""
+
+    __slots__ = ("_key",)
+
+    def __call__(self, session: Session) -> None:
+        call, index = self._call, self._index
+        call.begin(self._place)
+        item, self._key = _load_item(self._item, index)
+        rows = call.rows
+        assert rows is not None
+        session.connection().execute(rows.insert, {"job": rows.job, "item_key": self._key})
+        self._finish(session, call.fn(session, item))
+
+    def probe_sync(self, unknown: CommitUnknown) -> Exception:
+        """As :meth:`_JournalledAsyncUnit.probe_async`, in the unit's worker thread."""
+        assert self._call.rows is not None
+        return self._call.rows.probe_sync(self._key, unknown)
+
+
 class WorkerCall:
     """One of the parent's calls, on this worker: the units it was handed and those it started."""
 
     def __init__(
-        self, worker: Outbox, call: int, kind: Kind, fn: bytes, carrier: dict[str, str] | None = None
+        self,
+        worker: Outbox,
+        call: int,
+        kind: Kind,
+        fn: bytes,
+        carrier: dict[str, str] | None = None,
+        journal: tuple[str, str] | None = None,
     ) -> None:
         self.worker = worker
+        #: With ``journal=``: ``(job, table)``, and the rows once the worker's engine is known.
+        self.journal = journal
+        self.rows: JournalRows | None = None
         self.id = call
         self.kind = kind
         self.fn_bytes = fn
@@ -188,7 +247,12 @@ class WorkerCall:
 
     async def units(self) -> AsyncIterator[Callable[[Any], Any]]:
         """The units as the runner pulls them, each holding a place of the gate."""
-        gate, unit = self.worker.gate, _AsyncUnit if self.kind is Kind.ASYNC else _SyncUnit
+        gate, is_async = self.worker.gate, self.kind is Kind.ASYNC
+        unit: type[_AsyncUnit | _SyncUnit]
+        if self.rows is not None:
+            unit = _JournalledAsyncUnit if is_async else _JournalledSyncUnit
+        else:
+            unit = _AsyncUnit if is_async else _SyncUnit
         while True:
             while not self.queue:
                 if self.closing or self.stopping:

@@ -14,11 +14,11 @@ from sqlalchemy.orm import sessionmaker
 
 from .._arguments import check_priority
 from .._executors.async_session import AsyncSessionExecutor
+from .._journal import Journal
 from .._outcome import Outcome, RunReport
 from .._progress import feedback_request
 from .._typing import AsyncUnit, ItemT, T
 from .base import BaseRunner
-from .items import units_of
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -118,6 +118,7 @@ class AsyncUnitsRunner(BaseRunner):
         priority: int = 0,
         progress: bool | str | Progress = False,
         on_outcome: Callable[[Outcome[T]], object] | None = None,
+        journal: Journal[ItemT] | None = None,
     ) -> RunReport[T]:
         """
         Run ``fn(session, item)`` for every item, as :meth:`run` does for units.
@@ -128,9 +129,14 @@ class AsyncUnitsRunner(BaseRunner):
             priority: As for :meth:`run`.
             progress: As for :meth:`run`. The total is ``len(items)``, if it has one.
             on_outcome: As for :meth:`run`.
+            journal: Each unit writes its item's row in this :class:`~boundeddb.Journal` in its own
+                transaction, and items whose row exists are skipped: run the same ``map()`` again
+                after a crash and each item's effects happen exactly once. See :doc:`/how-to/journal`.
+                *New in 0.3.0.*
         """
         request = feedback_request(progress, on_outcome, f"{type(self).__name__}.map", items)
-        return await self._run_units(units_of(fn, items, type(self).__name__), priority, request=request)
+        units = self._journalled(fn, items, journal)
+        return await self._run_units(units, priority, request=request, journalled=journal is not None)
 
     def stream(
         self,

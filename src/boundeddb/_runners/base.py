@@ -43,6 +43,7 @@ from .._retry import RetryPolicy
 from .._stats import RunnerStatistics, RunStats
 from .binding import LoopBinding
 from .items import check_now, checked_units
+from .journal_units import map_units
 from .observers import Observers
 from .pools import LimitPlan, bound_engine, resolve_limit_or_auto, with_reserve
 
@@ -206,6 +207,7 @@ class BaseRunner:
         window: anyio.Semaphore | None = None,
         request: FeedbackRequest | None = None,
         on_outcome: Callable[[Outcome[Any]], object] | None = None,
+        journalled: bool = False,
     ) -> Run[SinkT]:
         """A run of ``units``, observed as ``observers.Observers`` says. ``errors`` sets stop_on_failure."""
         controller = self._controller
@@ -227,6 +229,7 @@ class BaseRunner:
             size=None if request is None else request.size,
             telemetry=telemetry,
             batched=self._batch is not None,
+            journalled=journalled,
         )
 
     async def _drive(
@@ -261,6 +264,7 @@ class BaseRunner:
         *,
         measure_loop_lag: bool = True,
         request: FeedbackRequest | None = None,
+        journalled: bool = False,
     ) -> RunReport[Any]:
         priority = check_priority(priority)
         units = checked_units(units, self._executor.check)
@@ -268,7 +272,9 @@ class BaseRunner:
             feedback = None
             try:
                 sink = ListSink()
-                run = self._new_run(units, sink, recorder, priority=priority, request=request)
+                run = self._new_run(
+                    units, sink, recorder, priority=priority, request=request, journalled=journalled
+                )
                 loop_lag = recorder.loop_lag = LoopLag() if measure_loop_lag else None
                 feedback = open_feedback(run, recorder, self._limiter, request, type(self).__name__)
                 await self._drive(run, loop_lag, feedback=feedback)
@@ -305,6 +311,11 @@ class BaseRunner:
             finally:
                 sink.close()
         run.raise_for(RunReport(sink.failures, self._stats(recorder)))
+
+    def _journalled(self, fn: object, items: object, journal: object) -> Iterable[Any] | AsyncIterable[Any]:
+        """``map(fn, items)``'s units, through ``journal`` unless it is None."""
+        name, engine = type(self).__name__, self._engine
+        return map_units(fn, items, journal, name, engine, self._dialect, async_units=self._async_units)
 
     async def _submit_unit(self, unit: Any, priority: object, on_outcome: object = None) -> Any:
         priority = check_priority(priority)

@@ -13,13 +13,14 @@ from .._arguments import ErrorsMode, check_priority
 from .._autolimit import AutoLimit
 from .._batch import BatchPolicy
 from .._executors.threads import ThreadExecutor
+from .._journal import Journal
 from .._outcome import Outcome, RunReport
 from .._progress import feedback_request
 from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
 from .base import BaseRunner
 from .binding import run_blocking
-from .items import BoundItem, check_now, units_of
+from .items import BoundItem, check_now
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -156,13 +157,18 @@ class ThreadOffloadRunner(BaseRunner):
         priority: int = 0,
         progress: bool | str | Progress = False,
         on_outcome: Callable[[Outcome[T]], object] | None = None,
+        journal: Journal[ItemT] | None = None,
     ) -> RunReport[T]:
-        """Run ``fn(session, item)`` for every item in worker threads, as :meth:`run` does."""
-        units = units_of(fn, items, "ThreadOffloadRunner")
+        """
+        Run ``fn(session, item)`` for every item in worker threads, as :meth:`run` does.
+
+        ``journal`` as for :meth:`boundeddb.SemaphoreRunner.map`. *New in 0.3.0.*
+        """
+        units = self._journalled(fn, items, journal)
         priority = check_priority(priority)
         check_now(BoundItem(fn, None), 0, self._executor.check)  # one function for all items: check it now
         request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.map", items)
-        return await self._run_units(units, priority, request=request)
+        return await self._run_units(units, priority, request=request, journalled=journal is not None)
 
     def stream(
         self,
@@ -224,4 +230,35 @@ class ThreadOffloadRunner(BaseRunner):
         request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.run_sync")
         call = partial(self._run_units, units, priority, measure_loop_lag=False, request=request)
         report: RunReport[T] = run_blocking(call, "run_sync", "await runner.run(units)")
+        return report
+
+    def map_sync(
+        self,
+        fn: Callable[[Session, ItemT], T],
+        items: Iterable[ItemT],
+        *,
+        priority: int = 0,
+        progress: bool | str | Progress = False,
+        on_outcome: Callable[[Outcome[T]], object] | None = None,
+        journal: Journal[ItemT] | None = None,
+    ) -> RunReport[T]:
+        """
+        Run ``fn(session, item)`` for every item from plain sync code, as :meth:`run_sync` does.
+
+        ``journal`` as for :meth:`boundeddb.SemaphoreRunner.map`.
+
+        .. versionadded:: 0.3.0
+        """
+        units = self._journalled(fn, items, journal)
+        check_now(BoundItem(fn, None), 0, self._executor.check)
+        request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.map_sync", items)
+        call = partial(
+            self._run_units,
+            units,
+            priority,
+            measure_loop_lag=False,
+            request=request,
+            journalled=journal is not None,
+        )
+        report: RunReport[T] = run_blocking(call, "map_sync", "await runner.map(fn, items)")
         return report
