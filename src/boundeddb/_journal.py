@@ -7,9 +7,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, overload
 
 from sqlalchemy import Column, DateTime, MetaData, String, Table, func
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.schema import CreateTable
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from ._typevars import ItemT
 
@@ -19,6 +21,34 @@ __all__ = ["DEFAULT_TABLE", "KEY_LENGTH", "Journal", "journal_table"]
 DEFAULT_TABLE = "boundeddb_journal"
 #: The most characters of a job's name and of a key: both are the table's primary key.
 KEY_LENGTH = 255
+
+
+class ExactText(TypeDecorator[str]):
+    """
+    Text compared byte for byte on every database: a key names one item, whatever its case or spaces.
+
+    MySQL's and MariaDB's text collations compare ``"a"``, ``"A"`` and ``"a "`` equal: there the
+    column is ``VARBINARY``, the text's UTF-8 bytes.
+    """
+
+    impl = String(KEY_LENGTH)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.VARBINARY(4 * KEY_LENGTH))
+        return dialect.type_descriptor(String(KEY_LENGTH))
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> Any:
+        if value is not None and dialect.name in ("mysql", "mariadb"):
+            return value.encode()
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        if isinstance(value, (bytes, bytearray)):
+            return value.decode()
+        return value  # type: ignore[no-any-return]
+
 
 _tables: dict[str, Table] = {}
 _tables_lock = threading.Lock()
@@ -32,8 +62,8 @@ def journal_table(name: str) -> Table:
             table = _tables[name] = Table(
                 name,
                 MetaData(),
-                Column("job", String(KEY_LENGTH), primary_key=True),
-                Column("item_key", String(KEY_LENGTH), primary_key=True),
+                Column("job", ExactText(), primary_key=True),
+                Column("item_key", ExactText(), primary_key=True),
                 Column("committed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
             )
         return table
@@ -137,7 +167,9 @@ class Journal(Generic[ItemT]):
         """
         sync_engine = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
         name = _check_name(table, "table", f'"{DEFAULT_TABLE}"')
-        return str(CreateTable(journal_table(name)).compile(dialect=sync_engine.dialect)).strip() + ";"
+        ddl = str(CreateTable(journal_table(name)).compile(dialect=sync_engine.dialect))
+        lines = [line.rstrip().replace("\t", "    ") for line in ddl.strip().splitlines()]
+        return "\n".join(lines) + ";"
 
     @overload
     @staticmethod
