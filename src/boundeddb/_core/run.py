@@ -121,9 +121,14 @@ class Run(Generic[SinkT]):
             self._wrap = telemetry.wrap
             if not batched:  # a batch wraps its units itself, in its own span
                 self._admit = self._admit_wrapped  # type: ignore[method-assign]
+        #: A journal's units over a plain iterable: async only for the key lookups, which take
+        #: milliseconds. So it is never pulled ahead, and a pull never gives up: see :meth:`pull_before`.
+        self.prompt = False
         if journalled:  # the input holds Foregone items too: else nothing more per unit
             self._admit_unit = self._admit
             self._admit = self._admit_journalled  # type: ignore[method-assign]
+            self.pull = self._pull_journalled  # type: ignore[method-assign]
+            self.prompt = bool(getattr(units, "prompt", False))
         self.recorder = recorder
         #: With an auto limit: told the latency of each unit that succeeded, from any thread.
         self._observe = observe
@@ -228,6 +233,34 @@ class Run(Generic[SinkT]):
             self._next_index = index + 1
         return self._admit(unit, index)
 
+    async def _pull_journalled(self) -> tuple[Any, int] | Pulled:
+        """
+        As :meth:`pull`, for a journal's units: the items done already settle under the lock, without
+        a trip through the event loop each, which is what makes a resume fast.
+        """
+        if self._async_pull_lock is None:
+            self._async_pull_lock = anyio.Lock()
+        async with self._async_pull_lock:
+            while True:
+                if self.stopping:
+                    return END
+                try:
+                    if self._ahead is not None:
+                        unit = await self._ahead.take()
+                    else:
+                        unit = await anext(self._async_iterator, END_OF_INPUT)  # type: ignore[arg-type]
+                except Exception as error:
+                    self.input_error, self.stopping = error, True
+                    return END
+                if unit is END_OF_INPUT:
+                    return END
+                index = self._next_index
+                self._next_index = index + 1
+                if unit.__class__ is not Foregone:
+                    break
+                self._admit_journalled(unit, index)
+        return self._admit_unit(unit, index)
+
     async def pull_before(self, deadline: float) -> tuple[Any, int] | Pulled | None:
         """
         As :meth:`pull`, or ``None`` if no unit came by ``deadline`` on ``anyio.current_time()``.
@@ -235,6 +268,8 @@ class Run(Generic[SinkT]):
         For an async input, only once :meth:`read_ahead`'s task runs: an ``anext()`` is never
         interrupted, only the wait for what that task pulled.
         """
+        if self.prompt:  # within the batch's slot, as a unit's pull is: never cut short mid-lookup
+            return await self.pull()
         ahead = self._ahead
         if ahead is not None and ahead.ready:
             # Pulled ahead already: take it now, even at a deadline that has passed, as with linger=0. The
@@ -254,7 +289,7 @@ class Run(Generic[SinkT]):
         Have an async input pulled ahead, at most ``capacity`` units, by a task running the returned
         function, so that :meth:`pull_before` can give up waiting. ``None`` for a plain iterable.
         """
-        if self._async_iterator is None:
+        if self._async_iterator is None or self.prompt:
             return None
         self._ahead = ReadAhead(self._async_iterator, capacity)
         return self._ahead.fill

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import bindparam
 from sqlalchemy import exc as sa_exc
 
 from .._errors import UnitTimeout
@@ -145,6 +146,10 @@ class Dialect:
     def statement_timeout_sql(self, timeout: float) -> str | None:
         """SQL that makes the server stop any statement of this transaction after ``timeout`` s, if any."""
         return None
+
+    def keys_in(self, column: Any) -> Any:
+        """The condition that ``column`` is one of the bound list ``keys``: an expanding ``IN`` here."""
+        return column.in_(bindparam("keys", expanding=True))
 
     def lock_wait_sql(self, seconds: int) -> str | None:
         """

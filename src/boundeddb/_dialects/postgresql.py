@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from sqlalchemy import any_, bindparam
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from .base import Dialect
 
@@ -74,6 +76,10 @@ class PostgreSQL(Dialect):
     def statement_timeout_sql(self, timeout: float) -> str:
         milliseconds = max(1, round(timeout * 1000))
         return f"SET LOCAL statement_timeout = {milliseconds}"
+
+    def keys_in(self, column: Any) -> Any:
+        # One array parameter, not one parameter per key: ``= ANY($1)``.
+        return column == any_(bindparam("keys", type_=ARRAY(column.type)))
 
     def lock_wait_sql(self, seconds: int) -> str:
         return f"SET LOCAL lock_timeout = {seconds * 1000}"

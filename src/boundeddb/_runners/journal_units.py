@@ -13,8 +13,8 @@ from typing import Any, Final
 
 import anyio
 import anyio.to_thread
-from sqlalchemy import bindparam, inspect, select
 from sqlalchemy import exc as sa_exc
+from sqlalchemy import inspect, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -82,9 +82,8 @@ class JournalRows:
         self._create_table = create_table
         #: The statement each unit runs first, in its own transaction.
         self.insert = self._table.insert()
-        self._lookup = select(self._table.c.item_key).where(
-            self._table.c.job == job, self._table.c.item_key.in_(bindparam("keys", expanding=True))
-        )
+        item_key = self._table.c.item_key
+        self._lookup = select(item_key).where(self._table.c.job == job, dialect.keys_in(item_key))
         self._checked = False
 
     # -- the queries -------------------------------------------------------------------------------
@@ -226,13 +225,16 @@ class JournalCall:
 
     # -- the units ---------------------------------------------------------------------------------
 
-    async def units(
-        self, fn: Callable[..., Any], items: Iterable[Any] | AsyncIterable[Any]
-    ) -> AsyncIterator[Any]:
+    def units(self, fn: Callable[..., Any], items: Iterable[Any] | AsyncIterable[Any]) -> JournalUnits:
         """
         The call's units: for each item, its journalled unit, :data:`SKIPPED` if its row exists, or a
         :class:`Foregone` failure if its key is wrong.
         """
+        return JournalUnits(self._units(fn, items), prompt=not isinstance(items, AsyncIterable))
+
+    async def _units(
+        self, fn: Callable[..., Any], items: Iterable[Any] | AsyncIterable[Any]
+    ) -> AsyncIterator[Any]:
         make = self._item_type
         async for keyed in self.keyed(items):
             yield make(fn, keyed[0], keyed[1], self) if isinstance(keyed, tuple) else keyed
@@ -315,6 +317,20 @@ class JournalCall:
             )
         self._seen.add(text)
         return text
+
+
+class JournalUnits:
+    """A journalled call's units, and whether the run may pull them as ``Run.prompt`` says."""
+
+    __slots__ = ("_units", "prompt")
+
+    def __init__(self, units: AsyncIterator[Any], *, prompt: bool) -> None:
+        self._units = units
+        #: Over a plain iterable: only the key lookups await.
+        self.prompt = prompt
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._units
 
 
 class AsyncJournalItem(BoundItem):
