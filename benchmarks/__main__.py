@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             post_002_rounds=args.post_002_rounds,
             processes_rounds=args.processes_rounds,
             batching_rounds=args.batching_rounds,
+            journal_rounds=args.journal_rounds,
             instructions_pairs=tuple(args.instructions_pair or overhead.PAIRS),
             progress=progress,
         )

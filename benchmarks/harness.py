@@ -60,6 +60,8 @@ class Context:
     processes_rounds: int = 3
     #: Rounds of the batching scenario.
     batching_rounds: int = 3
+    #: Rounds of the journal scenario.
+    journal_rounds: int = 3
     #: The overhead pairs the instructions scenario counts.
     instructions_pairs: tuple[str, ...] = ()
     progress: Progress | None = None

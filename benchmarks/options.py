@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .db import mysql as mysql_db
 from .scenario import MYSQL, POSTGRESQL
-from .scenarios import batching, overhead, post002_mysql_sync_vs_async, processes
+from .scenarios import batching, journal, overhead, post002_mysql_sync_vs_async, processes
 from .scenarios.catalog import BY_NAME, default_set, on
 from .suite import about
 
@@ -136,6 +136,14 @@ def parser() -> argparse.ArgumentParser:
         f"~{batching.SECONDS_PER_ROUND} s a round)",
     )
     p.add_argument(
+        "--journal-rounds",
+        type=int,
+        metavar="K",
+        help="rounds of the journal scenario, its sides in alternating order "
+        f"(default {journal.DEFAULT_ROUNDS}; {journal.QUICK_ROUNDS} with --quick; "
+        f"~{journal.SECONDS_PER_ROUND} s a round)",
+    )
+    p.add_argument(
         "--instructions-pair",
         action="append",
         choices=list(overhead.PAIRS),
@@ -187,6 +195,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.processes_rounds = processes.QUICK_ROUNDS if args.quick else processes.DEFAULT_ROUNDS
     if args.batching_rounds is None:
         args.batching_rounds = batching.QUICK_ROUNDS if args.quick else batching.DEFAULT_ROUNDS
+    if args.journal_rounds is None:
+        args.journal_rounds = journal.QUICK_ROUNDS if args.quick else journal.DEFAULT_ROUNDS
     if args.overhead_rounds is None:
         args.overhead_rounds = overhead.FULL_ROUNDS if args.full else overhead.DEFAULT_ROUNDS
     available = [s.name for s in on(args.database)]
@@ -211,6 +221,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         or args.post_002_rounds < 1
         or args.processes_rounds < 1
         or args.batching_rounds < 1
+        or args.journal_rounds < 1
         or args.rounds < 1
     ):
         p.error("--limit, --rounds and each scenario's rounds must be >= 1, and --n >= 2")

@@ -86,6 +86,7 @@ def environment(args: argparse.Namespace, db: Server) -> dict[str, Any]:
         "post_002_rounds": args.post_002_rounds,
         "processes_rounds": args.processes_rounds,
         "batching_rounds": args.batching_rounds,
+        "journal_rounds": args.journal_rounds,
         "rounds": args.rounds,
         "overhead_n": min(args.n, overhead.MAX_OPS),
         "index": args.index,
