@@ -28,13 +28,10 @@ from .sinks import Sink
 __all__ = [
     "END",
     "REFUSED",
-    "SKIPPED",
-    "Foregone",
     "Pulled",
     "Run",
     "SinkT",
     "failures_error",
-    "foregone_outcome",
 ]
 
 
@@ -52,31 +49,6 @@ END: Final = Pulled.END
 REFUSED: Final = Pulled.REFUSED
 
 
-class Foregone:
-    """
-    An item of a journalled input whose outcome is known without running it: done already, or failed.
-
-    :class:`Run` numbers it as it would a unit, and gives it its outcome on the spot.
-    """
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: Exception | None) -> None:
-        #: Why the item failed before a unit was made for it, or None if it is done already.
-        self.error = error
-
-
-#: An item whose journal row says it is done: its outcome is :attr:`Outcome.skipped`.
-SKIPPED: Final = Foregone(None)
-
-
-def foregone_outcome(foregone: Foregone, index: int) -> Outcome[Any]:
-    """The outcome of a :class:`Foregone` item numbered ``index``."""
-    if foregone.error is None:
-        return Outcome(index, None, None, 0.0, 0.0, attempts=0, skipped=True)
-    return Outcome(index, None, foregone.error, 0.0, 0.0, attempts=0)
-
-
 #: No unit withdrawn: shared by every run that is not a batch of ``submit()`` calls, never written.
 _NONE_WITHDRAWN: Final[set[int]] = set()
 
@@ -89,6 +61,9 @@ SinkT = TypeVar("SinkT", bound=Sink)
 
 class Run(Generic[SinkT]):
     """What one call shares between its workers. See the module docstring."""
+
+    #: Whether the input is only async for a journal's key lookups: see ``journalled.py``.
+    prompt = False
 
     def __init__(
         self,
@@ -105,7 +80,6 @@ class Run(Generic[SinkT]):
         size: float | None = None,
         telemetry: CallTelemetry | None = None,
         batched: bool = False,
-        journalled: bool = False,
     ) -> None:
         self.sink = sink
         self._put: Callable[[Outcome[Any]], None] = sink.put
@@ -121,14 +95,6 @@ class Run(Generic[SinkT]):
             self._wrap = telemetry.wrap
             if not batched:  # a batch wraps its units itself, in its own span
                 self._admit = self._admit_wrapped  # type: ignore[method-assign]
-        #: A journal's units over a plain iterable: async only for the key lookups, which take
-        #: milliseconds. So it is never pulled ahead, and a pull never gives up: see :meth:`pull_before`.
-        self.prompt = False
-        if journalled:  # the input holds Foregone items too: else nothing more per unit
-            self._admit_unit = self._admit
-            self._admit = self._admit_journalled  # type: ignore[method-assign]
-            self.pull = self._pull_journalled  # type: ignore[method-assign]
-            self.prompt = bool(getattr(units, "prompt", False))
         self.recorder = recorder
         #: With an auto limit: told the latency of each unit that succeeded, from any thread.
         self._observe = observe
@@ -219,47 +185,25 @@ class Run(Generic[SinkT]):
         async with self._async_pull_lock:
             if self.stopping:
                 return END
-            try:
-                if self._ahead is not None:
-                    unit = await self._ahead.take()
-                else:
-                    unit = await anext(self._async_iterator, END_OF_INPUT)  # type: ignore[arg-type]
-            except Exception as error:
-                self.input_error, self.stopping = error, True
-                return END
+            unit = await self.take()
             if unit is END_OF_INPUT:
                 return END
             index = self._next_index
             self._next_index = index + 1
         return self._admit(unit, index)
 
-    async def _pull_journalled(self) -> tuple[Any, int] | Pulled:
+    async def take(self) -> Any:
         """
-        As :meth:`pull`, for a journal's units: the items done already settle under the lock, without
-        a trip through the event loop each, which is what makes a resume fast.
+        The next item of an async input, or ``END_OF_INPUT``, under the pull lock. If the input
+        raises, the run stops and keeps its error to raise.
         """
-        if self._async_pull_lock is None:
-            self._async_pull_lock = anyio.Lock()
-        async with self._async_pull_lock:
-            while True:
-                if self.stopping:
-                    return END
-                try:
-                    if self._ahead is not None:
-                        unit = await self._ahead.take()
-                    else:
-                        unit = await anext(self._async_iterator, END_OF_INPUT)  # type: ignore[arg-type]
-                except Exception as error:
-                    self.input_error, self.stopping = error, True
-                    return END
-                if unit is END_OF_INPUT:
-                    return END
-                index = self._next_index
-                self._next_index = index + 1
-                if unit.__class__ is not Foregone:
-                    break
-                self._admit_journalled(unit, index)
-        return self._admit_unit(unit, index)
+        try:
+            if self._ahead is not None:
+                return await self._ahead.take()
+            return await anext(self._async_iterator, END_OF_INPUT)  # type: ignore[arg-type]
+        except Exception as error:
+            self.input_error, self.stopping = error, True
+            return END_OF_INPUT
 
     async def pull_before(self, deadline: float) -> tuple[Any, int] | Pulled | None:
         """
@@ -309,18 +253,6 @@ class Run(Generic[SinkT]):
         if admitted.__class__ is tuple:
             return self._wrap(unit, index), index
         return admitted
-
-    def _admit_journalled(self, unit: Any, index: int) -> tuple[Any, int] | Pulled:
-        """As :meth:`_admit`, for an input that may hold :class:`Foregone` items: those settle on the spot."""
-        if unit.__class__ is not Foregone:
-            return self._admit_unit(unit, index)
-        if unit.error is None:
-            self.recorder.unit_skipped()
-            self._put(foregone_outcome(unit, index))
-        else:
-            self.recorder.unit_started()
-            self.finish(foregone_outcome(unit, index))
-        return REFUSED
 
     def stop(self) -> None:
         """Start no more units. Any thread may call it."""

@@ -9,8 +9,9 @@ from typing import Any
 
 import anyio
 
+from .._core.journalled import Foregone, foregone_outcome
 from .._core.recorder import LoopLag
-from .._core.run import Foregone, failures_error, foregone_outcome
+from .._core.run import failures_error
 from .._errors import UnpicklableError
 from .._outcome import Outcome, RunReport
 from .._runners.journal_units import JournalCall

@@ -30,6 +30,7 @@ from .._core.attempts import Attempts
 from .._core.background import Background
 from .._core.feedback import Feedback
 from .._core.gather import Gather
+from .._core.journalled import JournalledRun
 from .._core.limiter import Limiter, Slot
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
@@ -216,7 +217,7 @@ class BaseRunner:
         hook, telemetry = self._observers.for_call(
             priority, on_outcome if request is None else request.on_outcome
         )
-        return Run(
+        return (JournalledRun if journalled else Run)(
             units,
             sink,
             check=self._executor.check,
@@ -229,7 +230,6 @@ class BaseRunner:
             size=None if request is None else request.size,
             telemetry=telemetry,
             batched=self._batch is not None,
-            journalled=journalled,
         )
 
     async def _drive(

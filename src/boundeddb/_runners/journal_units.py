@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .._core.attempts import CommitUnknown, CommitVerified
-from .._core.run import SKIPPED, Foregone
+from .._core.journalled import SKIPPED, Foregone
 from .._dialects import Dialect
 from .._errors import BoundedDBError, UnitMisuseError
 from .._journal import KEY_LENGTH, Journal, journal_table
