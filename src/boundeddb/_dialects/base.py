@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam
+from sqlalchemy import bindparam, select
 from sqlalchemy import exc as sa_exc
 
 from .._errors import UnitTimeout
@@ -147,9 +147,17 @@ class Dialect:
         """SQL that makes the server stop any statement of this transaction after ``timeout`` s, if any."""
         return None
 
-    def keys_in(self, column: Any) -> Any:
-        """The condition that ``column`` is one of the bound list ``keys``: an expanding ``IN`` here."""
-        return column.in_(bindparam("keys", expanding=True))
+    #: The most keys one journal lookup asks for, within the driver's limit on parameters.
+    most_keys_looked_up = 500
+
+    def journal_lookup(self, table: Any) -> Any:
+        """
+        The statement that returns which of the bound list ``keys`` have a row of the bound ``job``
+        in the journal ``table``: here an expanding ``IN``.
+        """
+        return select(table.c.item_key).where(
+            table.c.job == bindparam("job"), table.c.item_key.in_(bindparam("keys", expanding=True))
+        )
 
     def lock_wait_sql(self, seconds: int) -> str | None:
         """

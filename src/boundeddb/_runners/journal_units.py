@@ -14,7 +14,7 @@ from typing import Any, Final
 import anyio
 import anyio.to_thread
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -31,6 +31,8 @@ logger = logging.getLogger("boundeddb.journal")
 
 #: Keys looked up by the first query of a call. Each next query looks up twice as many, up to
 #: :data:`LAST_CHUNK`: the first units start soon, and a long job costs one query per 500 items.
+#: While every key of a chunk is done, as in a resume, chunks grow on up to what the database
+#: takes in one query (``Dialect.most_keys_looked_up``).
 FIRST_CHUNK: Final = 32
 LAST_CHUNK: Final = 500
 #: Seconds the probe of a lost COMMIT waits for the row lock of the unit's own transaction.
@@ -82,8 +84,9 @@ class JournalRows:
         self._create_table = create_table
         #: The statement each unit runs first, in its own transaction.
         self.insert = self._table.insert()
-        item_key = self._table.c.item_key
-        self._lookup = select(item_key).where(self._table.c.job == job, dialect.keys_in(item_key))
+        self._lookup = dialect.journal_lookup(self._table)
+        #: The most keys one lookup asks for: see ``Dialect.most_keys_looked_up``.
+        self.most_keys = dialect.most_keys_looked_up
         self._checked = False
 
     # -- the queries -------------------------------------------------------------------------------
@@ -102,7 +105,7 @@ class JournalRows:
     def _done_on(self, connection: Connection, keys: list[str]) -> set[str]:
         if not self._checked:
             self._check_table(connection)
-        done = {row[0] for row in connection.execute(self._lookup, {"keys": keys})}
+        done = {row[0] for row in connection.execute(self._lookup, {"job": self.job, "keys": keys})}
         connection.rollback()
         return done
 
@@ -280,7 +283,9 @@ class JournalCall:
                     yield SKIPPED
                 else:
                     yield item, key
-            size = min(2 * size, LAST_CHUNK)
+            # Only done items, as in a resume: the next chunk may grow past LAST_CHUNK.
+            most = self.rows.most_keys if len(done) == len(chunk) else LAST_CHUNK
+            size = min(2 * size, most)
 
     def _settle_key(self, item: Any) -> str | Foregone:
         """The item's key as the table keeps it, or its outcome if ``key(item)`` fails or is wrong."""
