@@ -23,12 +23,20 @@ DEFAULT_TABLE = "boundeddb_journal"
 KEY_LENGTH = 255
 
 
+class _TextAsBytes(mysql.VARBINARY):
+    """``VARBINARY`` in the DDL, bound as text: the server converts it to the column's bytes."""
+
+    def bind_processor(self, dialect: Dialect) -> None:
+        return None
+
+
 class ExactText(TypeDecorator[str]):
     """
     Text compared byte for byte on every database: a key names one item, whatever its case or spaces.
 
     MySQL's and MariaDB's text collations compare ``"a"``, ``"A"`` and ``"a "`` equal: there the
-    column is ``VARBINARY``, the text's UTF-8 bytes.
+    column is ``VARBINARY``, the text's UTF-8 bytes. The key is still bound as text, in the
+    connection's ``utf8mb4``, and compared as bytes: aiomysql cannot bind ``bytes`` with PyMySQL 2.
     """
 
     impl = String(KEY_LENGTH)
@@ -36,13 +44,8 @@ class ExactText(TypeDecorator[str]):
 
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
         if dialect.name in ("mysql", "mariadb"):
-            return dialect.type_descriptor(mysql.VARBINARY(4 * KEY_LENGTH))
+            return dialect.type_descriptor(_TextAsBytes(4 * KEY_LENGTH))
         return dialect.type_descriptor(String(KEY_LENGTH))
-
-    def process_bind_param(self, value: str | None, dialect: Dialect) -> Any:
-        if value is not None and dialect.name in ("mysql", "mariadb"):
-            return value.encode()
-        return value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
         if isinstance(value, (bytes, bytearray)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -239,8 +240,10 @@ class WorkerCall:
             self.task.cancel()
 
     def return_queued(self) -> None:
+        """Give the units not started back to the parent, if it is still there to take them."""
         if self.queue:
-            self.worker.send(p.Returned(self.id, [unit[0] for unit in self.queue]))
+            with contextlib.suppress(OSError):  # the parent died: a worker ending must not crash on it
+                self.worker.send(p.Returned(self.id, [unit[0] for unit in self.queue]))
             self.queue.clear()
 
     # -- the in-process runner's side --------------------------------------------------------------
