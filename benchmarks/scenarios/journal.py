@@ -125,7 +125,8 @@ def time_lookups(sync_engine: Any, table: str) -> list[float]:
     durations: list[float] = []
 
     def before(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if statement.startswith("SELECT") and f"FROM {table} " in statement:
+        named = f"FROM {table} " in statement or f'FROM "{table}" ' in statement
+        if statement.startswith("SELECT") and named:
             started[id(context)] = time.perf_counter()
 
     def after(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
