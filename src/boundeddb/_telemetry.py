@@ -333,7 +333,9 @@ class _Traced:
 
     def __getattr__(self, name: str) -> Any:
         # What the executor asks of the unit it wraps: a journalled unit's probe of a lost COMMIT.
-        return getattr(self._unit, name)
+        if name in ("probe_async", "probe_sync"):
+            return getattr(self._unit, name)
+        raise AttributeError(name)
 
     def __call__(self, session: Any) -> Any:
         from opentelemetry import context

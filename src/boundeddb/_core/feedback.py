@@ -76,7 +76,7 @@ class OutcomeHook:
 class Figures:
     """What a display shows: the run so far."""
 
-    #: Units settled, succeeded or failed.
+    #: Units settled: succeeded, failed, or skipped by a journal.
     done: int
     #: How many units the input holds if it has a ``len()``, else None.
     total: int | None
@@ -120,7 +120,7 @@ class Feedback:
         if recorder is None:  # pragma: no cover - a run with feedback always records
             return Figures(0, self._total, 0, 0, limiter.in_flight, limiter.limit)
         return Figures(
-            recorder.succeeded + recorder.failed,
+            recorder.succeeded + recorder.failed + recorder.skipped,
             self._total,
             recorder.failed,
             recorder.retried,

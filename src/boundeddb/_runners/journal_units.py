@@ -7,6 +7,7 @@ units that write their journal row in their own transaction.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from typing import Any, Final
@@ -14,11 +15,11 @@ from typing import Any, Final
 import anyio
 import anyio.to_thread
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import inspect
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .._core.attempts import CommitUnknown, CommitVerified
+from .._core.attempts import CommitUnknown, CommitVerified, UnitMisuse
 from .._core.journalled import SKIPPED, Foregone
 from .._dialects import Dialect
 from .._errors import BoundedDBError, UnitMisuseError
@@ -112,7 +113,7 @@ class JournalRows:
     def _check_table(self, connection: Connection) -> None:
         """Create the table if it is missing and the journal may, else raise an error with its DDL."""
         table = self._table
-        if not inspect(connection).has_table(table.name):
+        if not sa_inspect(connection).has_table(table.name):
             connection.rollback()
             ddl = Journal.ddl(self._engine, table=table.name)
             if not self._create_table:
@@ -356,7 +357,15 @@ class AsyncJournalItem(BoundItem):
         # First: a rerun racing a transaction still open on the server waits for its row lock.
         connection = await session.connection()
         await connection.execute(self.call.insert, {"job": self.call.job, "item_key": self.key})
-        return await self.fn(session, self.item)
+        result = self.fn(session, self.item)
+        if not inspect.isawaitable(result):  # as the executor says of a unit without a journal
+            msg = (
+                f"fn returned {type(result).__name__}, not an awaitable, for the item of key {self.key!r}: "
+                "this runner runs `async def fn(session: AsyncSession, item)`; "
+                "run plain functions with ThreadOffloadRunner"
+            )
+            raise UnitMisuse(msg)
+        return await result
 
     async def probe_async(self, unknown: CommitUnknown) -> Exception:
         """What became of this unit's lost COMMIT, by its key: see :meth:`JournalCall.probe_async`."""
