@@ -364,6 +364,9 @@ def kill_run(target: Target, tmp_path: Path, run: int, how: str, before: int) ->
         if how.startswith("rows>="):
             wanted = int(how.removeprefix("rows>="))
             child.wait_for(lambda: target.journal_rows() >= wanted, how)
+            # Frozen where it is, its transaction open: under load, the look below takes long enough
+            # for the rest of a fast run to finish before the kill otherwise.
+            child.process.send_signal(signal.SIGSTOP)
         else:
             child.wait_for(child.started, "started")
             # The fault's timing, not a sync point: nothing waits for what the job did meanwhile.

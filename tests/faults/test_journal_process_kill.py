@@ -340,6 +340,9 @@ def kill_run(target: Target, case: Case, tmp_path: Path, run: int, how: str, who
                     last, deadline = rows, time.monotonic() + STALL_S
                 assert time.monotonic() < deadline, f"run {run}: stuck at {rows} rows, waiting for {how}"
                 time.sleep(0.005)
+            # Freeze the job and its workers where they are: under load, the looks below take long
+            # enough for a fast run to finish before the kill otherwise. Their transactions stay open.
+            os.killpg(child.pgid, signal.SIGSTOP)
             kill.in_transaction = target.in_transaction()
         else:
             # A fault, not a sync point: the kill may land in the imports, the workers' start, the
@@ -357,6 +360,10 @@ def kill_run(target: Target, case: Case, tmp_path: Path, run: int, how: str, who
         if whom == "group":
             os.killpg(child.pgid, signal.SIGKILL)
         else:
+            if how.startswith("rows>="):
+                # Thawed first, and the parent killed a moment later: a stopped group whose parent
+                # dies gets SIGHUP from the kernel, and its workers must end by themselves instead.
+                os.killpg(child.pgid, signal.SIGCONT)
             os.kill(child.process.pid, signal.SIGKILL)
         child.process.wait(STALL_S)
         assert child.process.returncode == -signal.SIGKILL, (child.process.returncode, child.outputs())

@@ -635,7 +635,9 @@ def test_outcome_and_stats_gain_fields_at_the_end_with_defaults() -> None:
     """Outcome.commit_verified and RunStats.commits_verified are new last fields: old calls still work."""
     outcome: Outcome[str] = Outcome(0, None, KeyError("k"), 0.1, 0.0, 1, True)  # 0.1's positional order
     assert (outcome.commit_unknown, outcome.commit_verified) == (True, False)
-    assert [field.name for field in dataclasses.fields(Outcome)][-2:] == ["commit_unknown", "commit_verified"]
+    names = [field.name for field in dataclasses.fields(Outcome)]
+    # 0.3.0 added skipped after them, as the last field again.
+    assert names[-3:] == ["commit_unknown", "commit_verified", "skipped"]
     assert Outcome(0, "a", None, 0.1, 0.0) != Outcome(0, "a", None, 0.1, 0.0, commit_verified=True)
     recorder = Recorder(_NoPeak())
     for index, verified in enumerate([True, False, True]):
