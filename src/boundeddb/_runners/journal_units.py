@@ -203,10 +203,9 @@ class JournalCall:
         self.journal = journal
         self.job = journal.job
         self.rows = rows
-        self.insert = rows.insert
         #: Keys handed out in this call: a key seen twice is refused, see :meth:`_settle_key`.
         self._seen: set[str] = set()
-        self._item_type: Callable[..., BoundItem] = AsyncJournalItem if async_units else SyncJournalItem
+        self._item_type: type[JournalItem] = AsyncJournalItem if async_units else SyncJournalItem
 
     @classmethod
     def on(cls, journal: Journal[Any], engine: Engine, dialect: Dialect, *, async_units: bool) -> JournalCall:
@@ -220,12 +219,6 @@ class JournalCall:
             create_table=journal.create_table,
         )
         return cls(journal, rows, async_units=async_units)
-
-    async def probe_async(self, key: str, unknown: CommitUnknown) -> Exception:
-        return await self.rows.probe_async(key, unknown)
-
-    def probe_sync(self, key: str, unknown: CommitUnknown) -> Exception:
-        return self.rows.probe_sync(key, unknown)
 
     # -- the units ---------------------------------------------------------------------------------
 
@@ -241,7 +234,7 @@ class JournalCall:
     ) -> AsyncIterator[Any]:
         make = self._item_type
         async for keyed in self.keyed(items):
-            yield make(fn, keyed[0], keyed[1], self) if isinstance(keyed, tuple) else keyed
+            yield make(fn, keyed[0], keyed[1], self.rows) if isinstance(keyed, tuple) else keyed
 
     async def keyed(
         self, items: Iterable[Any] | AsyncIterable[Any]
@@ -339,24 +332,30 @@ class JournalUnits:
         return self._units
 
 
-class AsyncJournalItem(BoundItem):
+class JournalItem(BoundItem):
     """``fn(session, item)`` that writes the item's journal row first, in the same transaction."""
 
-    __slots__ = ("call", "key")
+    __slots__ = ("key", "rows")
 
-    def __init__(self, fn: Callable[..., Any], item: Any, key: str, call: JournalCall) -> None:
+    def __init__(self, fn: Callable[..., Any], item: Any, key: str, rows: JournalRows) -> None:
         self.fn = fn
         self.item = item
         self.key = key
-        self.call = call
+        self.rows = rows
+
+
+class AsyncJournalItem(JournalItem):
+    """A :class:`JournalItem` for ``async def fn(session, item)``."""
+
+    __slots__ = ()
 
     def __call__(self, session: Any) -> Any:
         return self._run(session)
 
     async def _run(self, session: Any) -> Any:
         # First: a rerun racing a transaction still open on the server waits for its row lock.
-        connection = await session.connection()
-        await connection.execute(self.call.insert, {"job": self.call.job, "item_key": self.key})
+        rows = self.rows
+        await (await session.connection()).execute(rows.insert, {"job": rows.job, "item_key": self.key})
         result = self.fn(session, self.item)
         if not inspect.isawaitable(result):  # as the executor says of a unit without a journal
             msg = (
@@ -368,25 +367,20 @@ class AsyncJournalItem(BoundItem):
         return await result
 
     async def probe_async(self, unknown: CommitUnknown) -> Exception:
-        """What became of this unit's lost COMMIT, by its key: see :meth:`JournalCall.probe_async`."""
-        return await self.call.probe_async(self.key, unknown)
+        """What became of this unit's lost COMMIT, by its key: see :meth:`JournalRows.probe_async`."""
+        return await self.rows.probe_async(self.key, unknown)
 
 
-class SyncJournalItem(BoundItem):
-    """As :class:`AsyncJournalItem`, for ``def fn(session, item)`` in a worker thread."""
+class SyncJournalItem(JournalItem):
+    """A :class:`JournalItem` for ``def fn(session, item)``, in a worker thread."""
 
-    __slots__ = ("call", "key")
-
-    def __init__(self, fn: Callable[..., Any], item: Any, key: str, call: JournalCall) -> None:
-        self.fn = fn
-        self.item = item
-        self.key = key
-        self.call = call
+    __slots__ = ()
 
     def __call__(self, session: Any) -> Any:
-        session.connection().execute(self.call.insert, {"job": self.call.job, "item_key": self.key})
+        rows = self.rows
+        session.connection().execute(rows.insert, {"job": rows.job, "item_key": self.key})
         return self.fn(session, self.item)
 
     def probe_sync(self, unknown: CommitUnknown) -> Exception:
-        """What became of this unit's lost COMMIT, by its key: see :meth:`JournalCall.probe_sync`."""
-        return self.call.probe_sync(self.key, unknown)
+        """What became of this unit's lost COMMIT, by its key: see :meth:`JournalRows.probe_sync`."""
+        return self.rows.probe_sync(self.key, unknown)
