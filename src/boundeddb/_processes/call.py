@@ -1,28 +1,38 @@
-"""One ``ProcessRunner.map()`` call on the parent's side: items out to the workers until all have settled."""
+"""
+One ``ProcessRunner.map()`` call on the parent's side: items out to the workers until all have settled.
+
+:func:`run_map` is a method of :class:`~boundeddb.ProcessRunner`, which binds it as ``_map``.
+``runner.py`` imports this module, so :class:`MapRunner` names what it reads of the runner rather
+than importing it.
+"""
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from time import perf_counter
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
+from sqlalchemy.engine import URL
 
+from .._arguments import ErrorsMode
 from .._core.journalled import Foregone, foregone_outcome
 from .._core.recorder import LoopLag
 from .._core.run import failures_error
 from .._errors import UnpicklableError
 from .._outcome import Outcome, RunReport
-from .._runners.journal_units import JournalCall
+from .._runners.journal_units import JournalCall, check_journal
 from .._stats import RunStats, percentile
 from .._telemetry import active
 from . import protocol as p
 from .fleet import Fleet, Link
 from .ledger import Ledger
+from .lookups import Lookups
+from .plan import check_driver, check_fn
 from .protocol import Kind, most_handed
 
-__all__ = ["CANCEL_GRACE_S", "Call"]
+__all__ = ["CANCEL_GRACE_S", "Call", "MapRunner", "run_map"]
 
 #: How many seconds a cancelled call waits for its workers to roll back before it kills them.
 CANCEL_GRACE_S = 30.0
@@ -257,3 +267,57 @@ class Call:
                     if not self.ledger.open_on:
                         return
                 await self.ledger.wait()
+
+
+class MapRunner(Protocol):
+    """What a ``map()`` call reads of its runner, a :class:`~boundeddb.ProcessRunner`."""
+
+    _url: URL
+    _engine_options: Mapping[str, Any]
+    _fleet: Fleet
+    _errors: ErrorsMode
+    _verify: bool
+    _labels: dict[str, str]
+    _limit: int
+
+    def _check_open(self) -> None: ...
+
+
+async def run_map(
+    runner: MapRunner, fn: object, items: object, journal: object, *, measure_loop_lag: bool
+) -> RunReport[Any]:
+    """One ``map()`` call of ``runner``, from the checks of its arguments to its report."""
+    kind, fn_bytes = check_fn(fn)
+    check_driver(kind, runner._url)
+    if not isinstance(items, (Iterable, AsyncIterable)) or isinstance(items, (str, bytes)):
+        msg = (
+            f"items must be an iterable or async iterable, got {type(items).__name__}: "
+            "pass e.g. a list or a generator of the items to give fn, as runner.map(fn, items)"
+        )
+        raise TypeError(msg)
+    checked: Iterable[Any] | AsyncIterable[Any] = items
+    journalled = None if journal is None else check_journal(journal, "ProcessRunner")
+    runner._check_open()
+    lookups = None if journalled is None else Lookups(runner._url, runner._engine_options)
+    runner._fleet.start()
+    call = Call(
+        runner._fleet,
+        kind,
+        fn_bytes,
+        stop_on_failure=runner._errors == "raise",
+        verify=runner._verify,
+        attributes=runner._labels,
+        journal=None if lookups is None or journalled is None else lookups.call(journalled),
+    )
+    loop_lag = LoopLag() if measure_loop_lag else None
+    try:
+        async with anyio.create_task_group() as tasks:
+            if loop_lag is not None:
+                tasks.start_soon(loop_lag.tick_forever)
+            await call.run(checked)
+            tasks.cancel_scope.cancel()
+    finally:
+        if lookups is not None:
+            with anyio.CancelScope(shield=True):
+                await lookups.aclose()
+    return call.report(runner._limit, loop_lag)

@@ -17,20 +17,17 @@ from sqlalchemy.orm import Session
 
 from .._arguments import ErrorsMode, check_errors
 from .._batch import BatchPolicy
-from .._core.recorder import LoopLag
 from .._errors import RunnerClosedError
 from .._journal import Journal
 from .._outcome import RunReport
 from .._retry import RetryPolicy
 from .._runners.binding import run_blocking
-from .._runners.journal_units import check_journal
 from .._stats import RunnerStatistics
 from .._telemetry import labels, register
 from .._typing import ItemT, T
-from .call import Call
+from .call import run_map
 from .fleet import Fleet
-from .lookups import Lookups
-from .plan import Plan, check_driver, check_fn
+from .plan import Plan
 
 __all__ = ["ProcessRunner"]
 
@@ -269,40 +266,5 @@ class ProcessRunner:
         report: RunReport[Any] = run_blocking(call, "map_sync", "await runner.map(fn, items)")
         return report
 
-    async def _map(
-        self, fn: object, items: object, journal: object, *, measure_loop_lag: bool
-    ) -> RunReport[Any]:
-        kind, fn_bytes = check_fn(fn)
-        check_driver(kind, self._url)
-        if not isinstance(items, (Iterable, AsyncIterable)) or isinstance(items, (str, bytes)):
-            msg = (
-                f"items must be an iterable or async iterable, got {type(items).__name__}: "
-                "pass e.g. a list or a generator of the items to give fn, as runner.map(fn, items)"
-            )
-            raise TypeError(msg)
-        checked: Iterable[Any] | AsyncIterable[Any] = items
-        journalled = None if journal is None else check_journal(journal, "ProcessRunner")
-        self._check_open()
-        lookups = None if journalled is None else Lookups(self._url, self._engine_options)
-        self._fleet.start()
-        call = Call(
-            self._fleet,
-            kind,
-            fn_bytes,
-            stop_on_failure=self._errors == "raise",
-            verify=self._verify,
-            attributes=self._labels,
-            journal=None if lookups is None or journalled is None else lookups.call(journalled),
-        )
-        loop_lag = LoopLag() if measure_loop_lag else None
-        try:
-            async with anyio.create_task_group() as tasks:
-                if loop_lag is not None:
-                    tasks.start_soon(loop_lag.tick_forever)
-                await call.run(checked)
-                tasks.cancel_scope.cancel()
-        finally:
-            if lookups is not None:
-                with anyio.CancelScope(shield=True):
-                    await lookups.aclose()
-        return call.report(self._limit, loop_lag)
+    #: The body that ``map()`` and ``map_sync()`` share: see ``call.py``.
+    _map = run_map

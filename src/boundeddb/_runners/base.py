@@ -29,29 +29,28 @@ from .._core.adaptive import LimitController, limit_figures
 from .._core.attempts import Attempts
 from .._core.background import Background
 from .._core.feedback import Feedback
-from .._core.gather import Gather
 from .._core.journalled import JournalledRun
 from .._core.limiter import Limiter, Slot
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
 from .._core.run import Run, SinkT
-from .._core.sinks import CallbackSink, ListSink, StreamSink, ValueSink
+from .._core.sinks import CallbackSink, ListSink, StreamSink
 from .._dialects import Dialect, for_name
 from .._errors import RunnerClosedError
 from .._outcome import Outcome, RunReport
-from .._progress import FeedbackRequest, check_on_outcome, open_feedback
+from .._progress import FeedbackRequest, open_feedback
 from .._retry import RetryPolicy
 from .._stats import RunnerStatistics, RunStats
 from .binding import LoopBinding
-from .items import check_now, checked_units
+from .items import checked_units
 from .journal_units import map_units
 from .observers import Observers
 from .pools import LimitPlan, bound_engine, resolve_limit_or_auto, with_reserve
+from .submits import gather_for, submit_unit
 
 __all__ = ["BaseRunner"]
 
 RunnerT = TypeVar("RunnerT", bound="BaseRunner")
-_NULL_RECORDER = NullRecorder()
 
 
 def _controller(plan: LimitPlan, limiter: Limiter, dialect: Dialect) -> LimitController | None:
@@ -78,6 +77,8 @@ class BaseRunner:
     _limit_name = "limit"
     #: Whether units are ``async def``, awaited by the executor, rather than run in threads.
     _async_units = True
+    #: ``submit()``'s unit, run alone or in a batch with other calls' units: see ``submits.py``.
+    _submit_unit = submit_unit
 
     def __init__(
         self,
@@ -113,11 +114,7 @@ class BaseRunner:
         self._attempts = Attempts(self._retry, failed=failed, labels=self._observers.labels)
         #: ``batch=``: None for one transaction per unit, the hot path's default.
         self._batch: BatchPolicy | None = check_batch(batch)
-        self._gather = (
-            None
-            if self._batch is None
-            else Gather(self._batch.size, self._batch.linger, self._limiter, self._run_gathered)
-        )
+        self._gather = gather_for(self, self._batch, self._limiter)
         self._executor: Executor[Any] = self._new_executor()
         self._closed = False
         self._binding = LoopBinding(type(self).__name__)
@@ -317,46 +314,7 @@ class BaseRunner:
         name, engine = type(self).__name__, self._engine
         return map_units(fn, items, journal, name, engine, self._dialect, async_units=self._async_units)
 
-    async def _submit_unit(self, unit: Any, priority: object, on_outcome: object = None) -> Any:
-        priority = check_priority(priority)
-        hook = check_on_outcome(on_outcome)
-        check_now(unit, 0, self._executor.check)
-        with self._bound():
-            if self._gather is not None:  # batch=: the unit shares a batch with other calls' units
-                outcome = await self._gather.submit(unit, priority)
-            else:
-                sink = ValueSink()
-                run = self._new_run([unit], sink, _NULL_RECORDER, stop_on_failure=True, priority=priority)
-                await self._drive(run, adapt=False)
-                run.serve_hook()  # the runner's own on_outcome
-                assert sink.outcome is not None
-                outcome = sink.outcome
-                self._observers.totals.add(outcome)
-            if self._controller is not None:
-                self._controller.adjust()  # no ticker for one unit: look now
-        if hook is not None:  # the call's own, after the runner's: what it raises, submit() raises
-            hook(outcome)
-        return outcome.unwrap()
-
-    async def _run_gathered(
-        self,
-        units: list[Any],
-        priority: int,
-        settled: Callable[[Outcome[Any]], None],
-        slot: Slot,
-        withdrawn: set[int],
-    ) -> None:
-        """Run ``submit()`` calls' ``units`` as one batch on ``slot``, for ``_core/gather.py``."""
-        with self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
-            sink = CallbackSink(settled)
-            run = self._new_run(units, sink, recorder, stop_on_failure=False, priority=priority)
-            run.withdrawn = withdrawn
-            await self._drive(run, adapt=False, workers=1, slot=slot)
-
     async def _feed(self, units: AsyncIterable[Any], settled: Callable[[Outcome[Any]], None]) -> None:
-        """
-        Run a ProcessRunner worker's call: ``units``, each outcome handed to ``settled`` on the loop
-        by a ``CallbackSink``.
-        """
+        """Run a ProcessRunner worker's call: ``units``, each outcome handed to ``settled`` on the loop."""
         with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
             await self._drive(self._new_run(units, CallbackSink(settled), recorder, priority=0))
