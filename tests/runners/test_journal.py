@@ -416,6 +416,8 @@ class Statements:
 
     def __init__(self, engine: Engine | AsyncEngine) -> None:
         self.lookups: list[int] = []
+        #: The thread each lookup ran in.
+        self.lookup_threads: list[int] = []
         self.inserts = 0
         self.others: list[str] = []
         self._lock = threading.Lock()
@@ -429,6 +431,7 @@ class Statements:
         with self._lock:
             if self.LOOKUP.match(bare):
                 self.lookups.append(_keys_bound(parameters))
+                self.lookup_threads.append(threading.get_ident())
             elif self.INSERT.match(bare):
                 self.inserts += 1
             else:
@@ -495,6 +498,8 @@ async def test_keys_are_looked_up_in_doubling_chunks_never_per_item(jkit: BatchK
     assert report.stats.skipped == n // 2
     # The lookups take a connection of the runner's pool within a unit's slot: never more than limit.
     assert report.stats.peak_connections <= runner.limit
+    if not jkit.is_async:  # the worker threads pull the items and look their keys up: never the loop
+        assert threading.get_ident() not in statements.lookup_threads
 
     resumed = unique_job("resume")
     insert_keys(jkit, resumed, [str(i) for i in range(1500)])
@@ -508,6 +513,68 @@ async def test_keys_are_looked_up_in_doubling_chunks_never_per_item(jkit: BatchK
     again = await runner.map(work.fn(), range(n, n + 20), journal=Journal[int](job, key=int))
     assert again.stats.succeeded == 20
     assert statements.lookups == [20]
+
+
+@pytest.mark.anyio
+@every(ALL_CASES)
+@pytest.mark.parametrize("batch", [None, 8], ids=["unit", "batch"])
+async def test_an_input_that_fails_during_a_resume_is_raised_after_what_came_before(
+    jkit: BatchKit, batch: int | None
+) -> None:
+    """
+    A resume of 3,000 done items whose input raises at item 3,000: the run raises that error, with
+    errors="collect" too, after settling the chunks read before it (each chunk's items are looked
+    up, and settled, while the next is read): skipped, in input order, none run; no connection left.
+    """
+    n = 3000
+    runner = jkit.runner(limit=3, errors="collect", batch=batch)
+    assert jkit.engine is not None
+    job = unique_job("input-fails")
+    await create_table(jkit.engine)
+    insert_keys(jkit, job, [str(i) for i in range(n)])
+    work = Work(jkit, writes=False)
+
+    def items() -> Iterator[int]:
+        yield from range(n)
+        raise ValueError("the input's own error")
+
+    seen, on_outcome = hook()
+    with anyio.fail_after(120), pytest.raises(ValueError, match="the input's own error"):
+        await runner.map(work.fn(), items(), journal=Journal[int](job, key=int), on_outcome=on_outcome)
+    assert not work.executions
+    # The chunk being read when the input raised is lost (its items were never keyed), no other.
+    assert 1900 <= len(seen) < n
+    assert [o.index for o in seen] == list(range(len(seen)))
+    assert all(o.skipped for o in seen)
+    assert jkit.pool.checkedout() == 0
+
+
+@pytest.mark.anyio
+@every(ONE_OF_EACH)
+async def test_with_errors_raise_a_bad_key_among_done_items_stops_the_run(jkit: BatchKit) -> None:
+    """
+    A resume of 3,000 items, done but for item 2,500 whose key is wrong (errors="raise"): the run
+    raises that UnitMisuseError once the items before it settled, and runs none; later ones unsettled.
+    """
+    n, bad = 3000, 2500
+    runner = jkit.runner(limit=3)
+    assert jkit.engine is not None
+    job = unique_job("raise-among-done")
+    await create_table(jkit.engine)
+    insert_keys(jkit, job, [str(i) for i in range(n) if i != bad])
+    work = Work(jkit, writes=False)
+    seen, on_outcome = hook()
+
+    def key(item: int) -> object:
+        return 2.5 if item == bad else item
+
+    with anyio.fail_after(120), pytest.raises(UnitMisuseError, match=re.escape("2.5")):
+        await runner.map(work.fn(), range(n), journal=Journal[int](job, key=key), on_outcome=on_outcome)  # type: ignore[arg-type]
+    assert not work.executions
+    assert [o.index for o in seen] == list(range(bad + 1))
+    assert all(o.skipped for o in seen[:bad])
+    assert isinstance(seen[bad].error, UnitMisuseError)
+    assert jkit.pool.checkedout() == 0
 
 
 # -- bad input -------------------------------------------------------------------------------------------
@@ -985,6 +1052,36 @@ async def test_skipped_units_are_counted_as_skipped_in_telemetry(
     ]
     assert len(skipped) == 7
     assert all(span.attributes and span.attributes["boundeddb.unit.attempts"] == 0 for span in skipped)
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+@every([("threads-psycopg", "asyncio"), ("threads-psycopg", "trio")])
+@pytest.mark.parametrize("instrumented", [False, True], ids=["plain", "instrumented"])
+@pytest.mark.parametrize("batch", [None, 4], ids=["unit", "batch"])
+async def test_a_thread_runner_looks_keys_up_in_its_worker_threads_never_on_the_loop(
+    jkit: BatchKit, request: pytest.FixtureRequest, instrumented: bool, batch: int | None
+) -> None:
+    """
+    ThreadOffloadRunner over a plain list: every lookup runs in a worker thread, where the threads
+    pull the units themselves and where the loop does (batches under telemetry); a rerun skips what
+    ran and runs the rest, once each.
+    """
+    if instrumented:
+        request.getfixturevalue("telemetry")
+    runner = jkit.runner(limit=3, errors="collect", batch=batch)
+    assert jkit.engine is not None
+    statements = Statements(jkit.engine)
+    work = Work(jkit)
+    journal = Journal[int](unique_job("in-threads"), key=int)
+    first = await runner.map(work.fn(), list(range(100)), journal=journal)
+    assert first.stats.succeeded == 100
+    again = await runner.map(work.fn(), list(range(300)), journal=journal)
+    assert (again.stats.skipped, again.stats.succeeded) == (100, 200)
+    assert [o.skipped for o in again.outcomes] == [i < 100 for i in range(300)]
+    assert work.executions == collections.Counter(range(300))
+    assert statements.lookups == [32, 64, 4, 32, 64, 128, 76]  # the first run's, then the rerun's
+    assert threading.get_ident() not in statements.lookup_threads
 
 
 @pytest.mark.anyio

@@ -159,6 +159,10 @@ class Dialect:
             table.c.job == bindparam("job"), table.c.item_key.in_(bindparam("keys", expanding=True))
         )
 
+    def done_keys(self, result: Any, keys: list[str]) -> set[str]:
+        """Which of ``keys`` have a row, from the ``result`` of :meth:`journal_lookup`: its rows' keys."""
+        return {row[0] for row in result}
+
     def lock_wait_sql(self, seconds: int) -> str | None:
         """
         SQL that bounds how long this connection waits for a row lock, or None if the driver does.

@@ -23,7 +23,7 @@ from .._dialects import for_name
 from .._errors import WorkerLostError
 from .._executors.checkouts import track_peak
 from .._executors.verify import CommitVerifier
-from .._runners.journal_units import JournalRows
+from .._runners.journal_rows import JournalRows
 from .._runners.semaphore import SemaphoreRunner
 from .._runners.thread_offload import ThreadOffloadRunner
 from .._telemetry import attached

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from .._core.attempts import CommitUnknown
 from .._errors import UnpicklableError
 from .._outcome import Outcome
-from .._runners.journal_units import JournalRows
+from .._runners.journal_rows import JournalRows
 from . import protocol as p
 from .protocol import Kind
 

@@ -29,7 +29,7 @@ from .._core.adaptive import LimitController, limit_figures
 from .._core.attempts import Attempts
 from .._core.background import Background
 from .._core.feedback import Feedback
-from .._core.journalled import JournalledRun
+from .._core.journalled import JournalledRun, Units
 from .._core.limiter import Limiter, Slot
 from .._core.pacing import Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
@@ -196,7 +196,7 @@ class BaseRunner:
 
     def _new_run(
         self,
-        units: Iterable[Any] | AsyncIterable[Any],
+        units: Units,
         sink: SinkT,
         recorder: NullRecorder,
         *,
@@ -215,7 +215,7 @@ class BaseRunner:
             priority, on_outcome if request is None else request.on_outcome
         )
         return (JournalledRun if journalled else Run)(
-            units,
+            units,  # type: ignore[arg-type]  # JournalChunks come journalled only
             sink,
             check=self._executor.check,
             stop_on_failure=stop_on_failure,
@@ -256,7 +256,7 @@ class BaseRunner:
 
     async def _run_units(
         self,
-        units: Iterable[Any] | AsyncIterable[Any],
+        units: Units,
         priority: object,
         *,
         measure_loop_lag: bool = True,
@@ -264,7 +264,7 @@ class BaseRunner:
         journalled: bool = False,
     ) -> RunReport[Any]:
         priority = check_priority(priority)
-        units = checked_units(units, self._executor.check)
+        units = units if journalled else checked_units(units, self._executor.check)  # map() checked its items
         with self._bound(), self._observers.recording(self._engine.pool) as recorder:
             feedback = None
             try:
@@ -309,7 +309,7 @@ class BaseRunner:
                 sink.close()
         run.raise_for(RunReport(sink.failures, self._stats(recorder)))
 
-    def _journalled(self, fn: object, items: object, journal: object) -> Iterable[Any] | AsyncIterable[Any]:
+    def _journalled(self, fn: object, items: object, journal: object) -> Units:
         """``map(fn, items)``'s units, through ``journal`` unless it is None."""
         name, engine = type(self).__name__, self._engine
         return map_units(fn, items, journal, name, engine, self._dialect, async_units=self._async_units)

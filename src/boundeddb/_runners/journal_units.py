@@ -8,27 +8,23 @@ units that write their journal row in their own transaction.
 from __future__ import annotations
 
 import inspect
-import logging
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from itertools import islice
 from typing import Any, Final
 
 import anyio
 import anyio.to_thread
-from sqlalchemy import exc as sa_exc
-from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.engine import Engine
 
-from .._core.attempts import CommitUnknown, CommitVerified, UnitMisuse
-from .._core.journalled import SKIPPED, Foregone
+from .._core.attempts import CommitUnknown, UnitMisuse
+from .._core.journalled import SKIPPED, Foregone, JournalChunks
 from .._dialects import Dialect
-from .._errors import BoundedDBError, UnitMisuseError
-from .._journal import KEY_LENGTH, Journal, journal_table
+from .._errors import UnitMisuseError
+from .._journal import KEY_LENGTH, Journal
 from .items import BoundItem, units_of
+from .journal_rows import JournalRows
 
-__all__ = ["FIRST_CHUNK", "LAST_CHUNK", "JournalCall", "JournalRows", "check_journal", "map_units"]
-
-logger = logging.getLogger("boundeddb.journal")
+__all__ = ["FIRST_CHUNK", "LAST_CHUNK", "JournalCall", "check_journal", "map_units"]
 
 #: Keys looked up by the first query of a call. Each next query looks up twice as many, up to
 #: :data:`LAST_CHUNK`: the first units start soon, and a long job costs one query per 500 items.
@@ -36,8 +32,6 @@ logger = logging.getLogger("boundeddb.journal")
 #: takes in one query (``Dialect.most_keys_looked_up``).
 FIRST_CHUNK: Final = 32
 LAST_CHUNK: Final = 500
-#: Seconds the probe of a lost COMMIT waits for the row lock of the unit's own transaction.
-PROBE_WAIT_S: Final = 10
 
 
 def map_units(
@@ -49,13 +43,16 @@ def map_units(
     dialect: Dialect,
     *,
     async_units: bool,
-) -> Iterable[Any] | AsyncIterable[Any]:
-    """``map(fn, items)``'s units on ``runner``, through ``journal`` unless it is None."""
+) -> Iterable[Any] | AsyncIterable[Any] | JournalChunks:
+    """
+    ``map(fn, items)``'s units on ``runner``, through ``journal`` unless it is None. Sync units'
+    worker threads pull a plain iterable themselves, and look its keys up as they do.
+    """
     units = units_of(fn, items, runner)  # checks fn and items
     if journal is None:
         return units
     call = JournalCall.on(check_journal(journal, runner), engine, dialect, async_units=async_units)
-    return call.units(fn, items)  # type: ignore[arg-type]
+    return call.units(fn, items, in_threads=not async_units)  # type: ignore[arg-type]
 
 
 def check_journal(journal: object, runner: str) -> Journal[Any]:
@@ -67,133 +64,6 @@ def check_journal(journal: object, runner: str) -> Journal[Any]:
         )
         raise TypeError(msg)
     return journal
-
-
-class JournalRows:
-    """A job's rows in its journal table, on one engine: the SQL a call and its units run."""
-
-    def __init__(
-        self, job: str, table: str, engine: Engine, dialect: Dialect, *, async_units: bool, create_table: bool
-    ) -> None:
-        self.job = job
-        self._engine = engine
-        self._async_engine = AsyncEngine(engine) if async_units else None
-        self._dialect = dialect
-        self._table = journal_table(table)
-        #: The journal table's name.
-        self.table = table
-        self._create_table = create_table
-        #: The statement each unit runs first, in its own transaction.
-        self.insert = self._table.insert()
-        self._lookup = dialect.journal_lookup(self._table)
-        #: The most keys one lookup asks for: see ``Dialect.most_keys_looked_up``.
-        self.most_keys = dialect.most_keys_looked_up
-        self._checked = False
-
-    # -- the queries -------------------------------------------------------------------------------
-
-    async def done(self, keys: list[str]) -> set[str]:
-        """Which of ``keys`` have a row: one query, on a connection of the runner's engine."""
-        if self._async_engine is not None:
-            async with self._async_engine.connect() as connection:
-                return await connection.run_sync(self._done_on, keys)
-        return await anyio.to_thread.run_sync(self._done_sync, keys)
-
-    def _done_sync(self, keys: list[str]) -> set[str]:
-        with self._engine.connect() as connection:
-            return self._done_on(connection, keys)
-
-    def _done_on(self, connection: Connection, keys: list[str]) -> set[str]:
-        if not self._checked:
-            self._check_table(connection)
-        done = {row[0] for row in connection.execute(self._lookup, {"job": self.job, "keys": keys})}
-        connection.rollback()
-        return done
-
-    def _check_table(self, connection: Connection) -> None:
-        """Create the table if it is missing and the journal may, else raise an error with its DDL."""
-        table = self._table
-        if not sa_inspect(connection).has_table(table.name):
-            connection.rollback()
-            ddl = Journal.ddl(self._engine, table=table.name)
-            if not self._create_table:
-                msg = (
-                    f"Journal {self.job!r}: the table {table.name!r} does not exist and "
-                    f"create_table=False: create it, e.g. in a migration, with\n\n{ddl}\n"
-                )
-                raise BoundedDBError(msg)
-            try:
-                with connection.begin():
-                    table.create(connection, checkfirst=True)
-            except sa_exc.DBAPIError as error:
-                msg = (
-                    f"Journal {self.job!r}: the table {table.name!r} does not exist and could not be "
-                    f"created ({type(error.orig).__name__}: {error.orig}): have it created, e.g. in a "
-                    f"migration, with\n\n{ddl}\n"
-                )
-                raise BoundedDBError(msg) from error
-        self._checked = True
-
-    # -- a lost COMMIT -------------------------------------------------------------------------------
-
-    async def probe_async(self, key: str, unknown: CommitUnknown) -> Exception:
-        """:class:`CommitVerified` if the key's row says what became of a lost COMMIT, else ``unknown``."""
-        assert self._async_engine is not None
-        try:
-            with anyio.fail_after(PROBE_WAIT_S + 5):
-                async with self._async_engine.connect() as connection:
-                    committed = await connection.run_sync(self._probe_on, key)
-        except Exception as error:
-            return self._unresolved(key, unknown, error)
-        return self._resolved(key, unknown, committed)
-
-    def probe_sync(self, key: str, unknown: CommitUnknown) -> Exception:
-        """As :meth:`probe_async`, in the unit's worker thread."""
-        try:
-            with self._engine.connect() as connection:
-                committed = self._probe_on(connection, key)
-        except Exception as error:
-            return self._unresolved(key, unknown, error)
-        return self._resolved(key, unknown, committed)
-
-    def _probe_on(self, connection: Connection, key: str) -> bool:
-        """
-        Whether the key's row committed: try to insert it in a transaction that is rolled back.
-
-        A unit's transaction still open on the server holds the row's lock, so the INSERT waits for
-        it to end, at most :data:`PROBE_WAIT_S`: a duplicate key then means it committed.
-        """
-        dialect = self._dialect
-        try:
-            transaction = connection.begin()
-            lock_wait = dialect.lock_wait_sql(PROBE_WAIT_S)
-            if lock_wait is not None:
-                connection.exec_driver_sql(lock_wait)
-            try:
-                connection.execute(self.insert, {"job": self.job, "item_key": key})
-            except sa_exc.IntegrityError:
-                committed = True
-            else:
-                committed = False
-            transaction.rollback()
-            return committed
-        finally:
-            if dialect.lock_wait_outlives_transaction:
-                connection.invalidate()
-
-    def _resolved(self, key: str, unknown: CommitUnknown, committed: bool) -> CommitVerified:
-        verdict = "committed" if committed else "did not commit"
-        logger.info("journal %r key %r: a COMMIT whose connection was lost %s", self.job, key, verdict)
-        return CommitVerified(unknown.error, committed=committed, value=unknown.value)
-
-    def _unresolved(self, key: str, unknown: CommitUnknown, error: Exception) -> CommitUnknown:
-        logger.warning(
-            "journal %r key %r: a COMMIT whose connection was lost stays unknown (%s): a rerun resolves it",
-            self.job,
-            key,
-            type(error).__qualname__,
-        )
-        return unknown
 
 
 class JournalCall:
@@ -222,26 +92,48 @@ class JournalCall:
 
     # -- the units ---------------------------------------------------------------------------------
 
-    def units(self, fn: Callable[..., Any], items: Iterable[Any] | AsyncIterable[Any]) -> JournalUnits:
+    def units(
+        self, fn: Callable[..., Any], items: Iterable[Any] | AsyncIterable[Any], *, in_threads: bool
+    ) -> JournalChunks | AsyncIterator[Any]:
         """
         The call's units: for each item, its journalled unit, :data:`SKIPPED` if its row exists, or a
-        :class:`Foregone` failure if its key is wrong.
-        """
-        return JournalUnits(self._units(fn, items), prompt=not isinstance(items, AsyncIterable))
+        :class:`Foregone` failure if its key is wrong. A plain iterable's come in :class:`JournalChunks`.
 
-    async def _units(
-        self, fn: Callable[..., Any], items: Iterable[Any] | AsyncIterable[Any]
-    ) -> AsyncIterator[Any]:
-        make = self._item_type
-        async for keyed in self.keyed(items):
-            yield make(fn, keyed[0], keyed[1], self.rows) if isinstance(keyed, tuple) else keyed
+        ``in_threads``: the runner's worker threads pull a plain iterable themselves (as
+        ThreadOffloadRunner's lanes do), so its keys are looked up in the thread that pulls.
+        """
+        make, rows = self._item_type, self.rows
+
+        def unit(item: Any, key: str) -> JournalItem:
+            return make(fn, item, key, rows)
+
+        if isinstance(items, AsyncIterable):
+            return self.looked_up(items, unit)
+        if in_threads:
+            return JournalChunks(self.chunks_sync(items, unit), in_threads=True)
+        return JournalChunks(self.chunks(items, unit), in_threads=False)
 
     async def keyed(
         self, items: Iterable[Any] | AsyncIterable[Any]
     ) -> AsyncIterator[tuple[Any, str] | Foregone]:
+        """``(item, key)`` for each item to run, else its :class:`Foregone`: :meth:`looked_up`'s pairs."""
+        async for keyed in self.looked_up(items, _pair):
+            yield keyed
+
+    async def looked_up(
+        self, items: Iterable[Any] | AsyncIterable[Any], make: Callable[[Any, str], Any]
+    ) -> AsyncIterator[Any]:
+        """:meth:`chunks`, one item at a time."""
+        async for chunk in self.chunks(items, make):
+            for settled in chunk:
+                yield settled
+
+    async def chunks(
+        self, items: Iterable[Any] | AsyncIterable[Any], make: Callable[[Any, str], Any]
+    ) -> AsyncIterator[list[Any]]:
         """
-        ``(item, key)`` for each item to run, :data:`SKIPPED` for each whose row exists, or a
-        :class:`Foregone` failure for each whose key is wrong, in input order.
+        For each chunk of items: ``make(item, key)`` for each item to run, :data:`SKIPPED` for each
+        whose row exists, or a :class:`Foregone` failure for each whose key is wrong, in input order.
 
         The keys are looked up in chunks of :data:`FIRST_CHUNK` to :data:`LAST_CHUNK` items, one query
         each. An async input is read a chunk ahead: one that yields an item only once an earlier
@@ -253,10 +145,7 @@ class JournalCall:
         while True:
             chunk: list[Any] = []
             if sync_items is not None:
-                for item in sync_items:
-                    chunk.append(item)
-                    if len(chunk) == size:
-                        break
+                chunk = list(islice(sync_items, size))
             else:
                 assert async_items is not None
                 async for item in async_items:
@@ -265,21 +154,37 @@ class JournalCall:
                         break
             if not chunk:
                 return
-            keys = [self._settle_key(item) for item in chunk]
-            wanted = [key for key in keys if key.__class__ is str]
+            keys, wanted = self._keys(chunk)
             # Shielded: a deadline of a batch's pull must not end this generator mid-query.
             with anyio.CancelScope(shield=True):
-                done = await self.rows.done(wanted) if wanted else set()
-            for item, key in zip(chunk, keys, strict=True):
-                if key.__class__ is not str:
-                    yield key  # type: ignore[misc]
-                elif key in done:
-                    yield SKIPPED
-                else:
-                    yield item, key
-            # Only done items, as in a resume: the next chunk may grow past LAST_CHUNK.
-            most = self.rows.most_keys if len(done) == len(chunk) else LAST_CHUNK
-            size = min(2 * size, most)
+                done = await self.rows.done(wanted) if wanted else _NONE_DONE
+            yield self._settled(chunk, keys, done, make)
+            size = _next_size(size, len(done) == len(chunk), self.rows.most_keys)
+
+    def chunks_sync(self, items: Iterable[Any], make: Callable[[Any, str], Any]) -> Iterator[list[Any]]:
+        """As :meth:`chunks`, for a plain iterable, in the calling thread: it blocks on each lookup."""
+        iterator = iter(items)
+        size = FIRST_CHUNK
+        while chunk := list(islice(iterator, size)):
+            keys, wanted = self._keys(chunk)
+            done = self.rows.done_sync(wanted) if wanted else _NONE_DONE
+            yield self._settled(chunk, keys, done, make)
+            size = _next_size(size, len(done) == len(chunk), self.rows.most_keys)
+
+    def _keys(self, chunk: list[Any]) -> tuple[list[str | Foregone], list[str]]:
+        """The chunk's keys (or outcomes, for items whose key is wrong), and those to look up."""
+        keys = [self._settle_key(item) for item in chunk]
+        return keys, [key for key in keys if key.__class__ is str]
+
+    @staticmethod
+    def _settled(
+        chunk: list[Any], keys: list[str | Foregone], done: set[str], make: Callable[[Any, str], Any]
+    ) -> list[Any]:
+        """What :meth:`looked_up` yields for each item of ``chunk``, once its keys were looked up."""
+        return [
+            key if key.__class__ is not str else SKIPPED if key in done else make(item, key)
+            for item, key in zip(chunk, keys, strict=True)
+        ]
 
     def _settle_key(self, item: Any) -> str | Foregone:
         """The item's key as the table keeps it, or its outcome if ``key(item)`` fails or is wrong."""
@@ -318,18 +223,17 @@ class JournalCall:
         return text
 
 
-class JournalUnits:
-    """A journalled call's units, and whether the run may pull them as ``Run.prompt`` says."""
+#: No key done: what a chunk of only foregone items looks up.
+_NONE_DONE: Final[set[str]] = set()
 
-    __slots__ = ("_units", "prompt")
 
-    def __init__(self, units: AsyncIterator[Any], *, prompt: bool) -> None:
-        self._units = units
-        #: Over a plain iterable: only the key lookups await.
-        self.prompt = prompt
+def _pair(item: Any, key: str) -> tuple[Any, str]:
+    return item, key
 
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._units
+
+def _next_size(size: int, all_done: bool, most_keys: int) -> int:
+    """The next chunk's size: twice this one's, up to :data:`LAST_CHUNK`, or further while all were done."""
+    return min(2 * size, most_keys if all_done else LAST_CHUNK)
 
 
 class JournalItem(BoundItem):

@@ -1,0 +1,160 @@
+"""
+A job's rows in its journal table: the lookups of a ``map()`` call's keys, the table's check, and
+the probe of a lost COMMIT.
+
+``journal_units.py`` uses them; :doc:`/explanation/architecture` tells how the journal works.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+import anyio
+import anyio.to_thread
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .._core.attempts import CommitUnknown, CommitVerified
+from .._dialects import Dialect
+from .._errors import BoundedDBError
+from .._journal import Journal, journal_table
+
+__all__ = ["PROBE_WAIT_S", "JournalRows"]
+
+logger = logging.getLogger("boundeddb.journal")
+
+#: Seconds the probe of a lost COMMIT waits for the row lock of the unit's own transaction.
+PROBE_WAIT_S: Final = 10
+
+
+class JournalRows:
+    """A job's rows in its journal table, on one engine: the SQL a call and its units run."""
+
+    def __init__(
+        self, job: str, table: str, engine: Engine, dialect: Dialect, *, async_units: bool, create_table: bool
+    ) -> None:
+        self.job = job
+        self._engine = engine
+        self._async_engine = AsyncEngine(engine) if async_units else None
+        self._dialect = dialect
+        self._table = journal_table(table)
+        #: The journal table's name.
+        self.table = table
+        self._create_table = create_table
+        #: The statement each unit runs first, in its own transaction.
+        self.insert = self._table.insert()
+        self._lookup = dialect.journal_lookup(self._table)
+        #: The most keys one lookup asks for: see ``Dialect.most_keys_looked_up``.
+        self.most_keys = dialect.most_keys_looked_up
+        self._checked = False
+
+    # -- the queries -------------------------------------------------------------------------------
+
+    async def done(self, keys: list[str]) -> set[str]:
+        """Which of ``keys`` have a row: one query, on a connection of the runner's engine."""
+        if self._async_engine is not None:
+            async with self._async_engine.connect() as connection:
+                return await connection.run_sync(self._done_on, keys)
+        return await anyio.to_thread.run_sync(self.done_sync, keys)
+
+    def done_sync(self, keys: list[str]) -> set[str]:
+        """As :meth:`done`, in the calling thread."""
+        with self._engine.connect() as connection:
+            return self._done_on(connection, keys)
+
+    def _done_on(self, connection: Connection, keys: list[str]) -> set[str]:
+        if not self._checked:
+            self._check_table(connection)
+        done = self._dialect.done_keys(
+            connection.execute(self._lookup, {"job": self.job, "keys": keys}), keys
+        )
+        connection.rollback()
+        return done
+
+    def _check_table(self, connection: Connection) -> None:
+        """Create the table if it is missing and the journal may, else raise an error with its DDL."""
+        table = self._table
+        if not sa_inspect(connection).has_table(table.name):
+            connection.rollback()
+            ddl = Journal.ddl(self._engine, table=table.name)
+            if not self._create_table:
+                msg = (
+                    f"Journal {self.job!r}: the table {table.name!r} does not exist and "
+                    f"create_table=False: create it, e.g. in a migration, with\n\n{ddl}\n"
+                )
+                raise BoundedDBError(msg)
+            try:
+                with connection.begin():
+                    table.create(connection, checkfirst=True)
+            except sa_exc.DBAPIError as error:
+                msg = (
+                    f"Journal {self.job!r}: the table {table.name!r} does not exist and could not be "
+                    f"created ({type(error.orig).__name__}: {error.orig}): have it created, e.g. in a "
+                    f"migration, with\n\n{ddl}\n"
+                )
+                raise BoundedDBError(msg) from error
+        self._checked = True
+
+    # -- a lost COMMIT -------------------------------------------------------------------------------
+
+    async def probe_async(self, key: str, unknown: CommitUnknown) -> Exception:
+        """:class:`CommitVerified` if the key's row says what became of a lost COMMIT, else ``unknown``."""
+        assert self._async_engine is not None
+        try:
+            with anyio.fail_after(PROBE_WAIT_S + 5):
+                async with self._async_engine.connect() as connection:
+                    committed = await connection.run_sync(self._probe_on, key)
+        except Exception as error:
+            return self._unresolved(key, unknown, error)
+        return self._resolved(key, unknown, committed)
+
+    def probe_sync(self, key: str, unknown: CommitUnknown) -> Exception:
+        """As :meth:`probe_async`, in the unit's worker thread."""
+        try:
+            with self._engine.connect() as connection:
+                committed = self._probe_on(connection, key)
+        except Exception as error:
+            return self._unresolved(key, unknown, error)
+        return self._resolved(key, unknown, committed)
+
+    def _probe_on(self, connection: Connection, key: str) -> bool:
+        """
+        Whether the key's row committed: try to insert it in a transaction that is rolled back.
+
+        A unit's transaction still open on the server holds the row's lock, so the INSERT waits for
+        it to end, at most :data:`PROBE_WAIT_S`: a duplicate key then means it committed.
+        """
+        dialect = self._dialect
+        try:
+            transaction = connection.begin()
+            lock_wait = dialect.lock_wait_sql(PROBE_WAIT_S)
+            if lock_wait is not None:
+                connection.exec_driver_sql(lock_wait)
+            try:
+                connection.execute(self.insert, {"job": self.job, "item_key": key})
+            except sa_exc.IntegrityError:
+                committed = True
+            else:
+                committed = False
+            transaction.rollback()
+            return committed
+        finally:
+            if dialect.lock_wait_outlives_transaction:
+                connection.invalidate()
+
+    def _resolved(self, key: str, unknown: CommitUnknown, committed: bool) -> CommitVerified:
+        verdict = "committed" if committed else "did not commit"
+        logger.info("journal %r key %r: a COMMIT whose connection was lost %s", self.job, key, verdict)
+        return CommitVerified(unknown.error, committed=committed, value=unknown.value)
+
+    def _unresolved(self, key: str, unknown: CommitUnknown, error: Exception) -> CommitUnknown:
+        logger.warning(
+            "journal %r key %r: a COMMIT whose connection was lost stays unknown (%s): a rerun resolves it",
+            self.job,
+            key,
+            type(error).__qualname__,
+        )
+        return unknown
