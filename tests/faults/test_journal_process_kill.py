@@ -1,13 +1,14 @@
 """
 A journalled ProcessRunner job SIGKILLed mid-run, several times, then rerun with its journal to the end.
 
-The units (tests/support/journal_process_job.py) are not idempotent: ``UPDATE jpk_counters SET n =
-n + 1`` on the item's row and an ``INSERT INTO jpk_effects`` without a natural key. Two ways to die:
+The units (tests/support/journal_kill.py) are not idempotent: ``UPDATE jk_counters SET n = n + 1``
+on the item's row and an ``INSERT INTO jk_effects`` without a natural key. Two ways to die:
 
-- the parent killed: the job runs as a child process (``map_sync`` over 2 workers), which the test
-  SIGKILLs at random points (seeded: the seed is printed, ``BOUNDEDDB_KILL_SEED`` replays it), its
-  whole process group (the parent and its workers at once) or the parent alone (its workers must
-  notice and end by themselves). A last run, not killed, must skip exactly the items done before it;
+- the parent killed: the job (tests/support/journal_process_job.py, ``map_sync`` over 2 workers) runs
+  as a child process, which the test SIGKILLs at random points (seeded: the seed is printed,
+  ``BOUNDEDDB_KILL_SEED`` replays it), its whole process group (the parent and its workers at once)
+  or the parent alone (its workers must notice and end by themselves). A last run, not killed, must
+  skip exactly the items done before it;
 - a worker killed: in this process, SIGKILL a worker of a journalled ``map()`` several times, then
   rerun the same map with the same journal until nothing fails.
 
@@ -17,31 +18,44 @@ row, every other item none; no process of a killed job is left, nor a backend of
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
-import json
 import os
 import random
-import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, func, inspect, select, text
+from sqlalchemy import select
 
-from boundeddb import BatchPolicy, Journal, ProcessRunner, WorkerLostError
+from boundeddb import ProcessRunner, WorkerLostError
 from boundeddb._processes.backends import LocalProcesses
 from boundeddb.testing import PostgresServer, driver_url
-from tests.support import journal_process_job as job
 from tests.support.faults import wait_until
+from tests.support.journal_kill import (
+    ROW_KILLS,
+    STALL_S,
+    Child,
+    Kill,
+    Ledger,
+    backends_in_transaction,
+    batch_policy,
+    check_kills_landed,
+    check_last_report,
+    effects,
+    engine_options,
+    kill_plan,
+    kill_runs,
+    kill_seed,
+    output,
+    unit,
+)
 from tests.support.servers import PostgreSQL
 
 pytestmark = [
@@ -51,16 +65,15 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes from /proc"),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
+JOB = "tests.support.journal_process_job"
 
 #: Items of the in-process map, and of the child's job (each run of which starts 3 processes).
 ITEMS = 1000
 CHILD_ITEMS = 600
 #: The most seconds a unit sleeps between its two statements: kills land inside transactions.
 PAUSE_S = 0.004
-#: Kills of the child before its last run: once a random number of items is done, or after a delay.
-ROW_KILLS = 3
-TIMED_KILLS = 1
+#: A timed kill of the child lands this many seconds after its start, at least and at most.
+TIMED_KILL_S = (0.3, 4.0)
 #: Worker kills in the in-process map.
 WORKER_KILLS = 3
 
@@ -69,27 +82,6 @@ WORKER_KILLS = 3
 #: its share, in batches with batch=): the most units one kill can leave failed.
 def most_handed(batch: int) -> int:
     return 3 * 2 * max(1, batch)
-
-
-#: A job that does nothing more for this long is taken for hung; processes that do not end in this
-#: long after their parent died are taken for left behind.
-STALL_S = 30.0
-
-metadata = MetaData()
-counters = Table(
-    job.COUNTERS,
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=False),
-    Column("n", Integer, nullable=False),
-)
-#: A surrogate key only: a unit that ran twice leaves two rows for its item.
-effects = Table(
-    job.EFFECTS,
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("item", Integer, nullable=False),
-    Column("pid", BigInteger, nullable=False),
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,102 +99,30 @@ CASES = [Case("asyncpg"), Case("psycopg"), Case("asyncpg", batch=10), Case("psyc
 CASE_PARAMS = [pytest.param(case, id=case.id) for case in CASES]
 
 
-class Target:
+class Target(Ledger):
     """The test's tables and journal in the run's schema, as the test reads them, and its backends."""
 
     def __init__(self, server: PostgresServer, schema: str, pg: PostgreSQL, items: int) -> None:
+        super().__init__(pg.admin, pg, schema=schema, items=items)
         self.server = server
-        self.schema = schema
         self.pg = pg
-        self.admin = pg.admin
-        self.app = pg.app
-        #: The counters' rows; a test may run fewer items (0 to items - 1).
-        self.items = items
-        self.job = f"jpk-{secrets.token_hex(3)}"
-        self.journal_table = Table(
-            f"jpk_journal_{secrets.token_hex(3)}",
-            MetaData(),
-            Column("job", String(255), primary_key=True),
-            Column("item_key", String(255), primary_key=True),
-        )
 
     def url(self, driver: str) -> str:
         return driver_url(self.server.url, driver).render_as_string(hide_password=False)  # type: ignore[arg-type]
 
-    def journal(self) -> Journal[int]:
-        return Journal(self.job, key=int, table=self.journal_table.name)
-
-    def create(self) -> None:
-        metadata.drop_all(self.admin)
-        metadata.create_all(self.admin)
-        with self.admin.begin() as connection:
-            connection.execute(counters.insert(), [{"id": i, "n": 0} for i in range(self.items)])
-
-    def drop(self) -> None:
-        metadata.drop_all(self.admin)
-        self.journal_table.drop(self.admin, checkfirst=True)
-
-    def journal_rows(self) -> int:
-        """The job's journal rows now: 0 until the job created the table."""
-        table = self.journal_table
-        with self.admin.connect() as connection:
-            if not inspect(connection).has_table(table.name, schema=self.schema):
-                return 0
-            statement = select(func.count()).select_from(table).where(table.c.job == self.job)
-            return int(connection.execute(statement).scalar_one())
-
-    def state(self) -> tuple[set[int], dict[int, int], collections.Counter[int]]:
-        """(items with a journal row, each counter's n, how many effects rows each item has)."""
-        done: set[int] = set()
-        table = self.journal_table
-        with self.admin.connect() as connection:
-            if inspect(connection).has_table(table.name, schema=self.schema):
-                keys = connection.execute(select(table.c.item_key).where(table.c.job == self.job))
-                done = {int(key) for key in keys.scalars()}
-            ns = {int(i): int(n) for i, n in connection.execute(select(counters.c.id, counters.c.n))}
-            rows = collections.Counter(
-                int(item) for item in connection.execute(select(effects.c.item)).scalars()
-            )
-        return done, ns, rows
-
-    def check_exactly_once(self, where: str) -> set[int]:
-        """Every item done (a journal row) has its effects once, every other item none: the done items."""
-        done, ns, rows = self.state()
-        twice = sorted(i for i, n in ns.items() if n > 1)
-        assert twice == [], f"{where}: counters bumped more than once: {twice[:20]}"
-        duplicated = sorted(i for i, n in rows.items() if n > 1)
-        assert duplicated == [], f"{where}: items with more than one effects row: {duplicated[:20]}"
-        bumped = {i for i, n in ns.items() if n == 1}
-        assert bumped == done, (
-            f"{where}: bumped without a journal row: {sorted(bumped - done)[:20]}, "
-            f"journal row without a bump: {sorted(done - bumped)[:20]}"
-        )
-        assert set(rows) == done, (
-            f"{where}: effects without a journal row: {sorted(set(rows) - done)[:20]}, "
-            f"journal row without effects: {sorted(done - set(rows))[:20]}"
-        )
-        return done
-
-    def check_all_done(self, where: str) -> None:
-        finished = self.check_exactly_once(where)
-        assert finished == set(range(self.items)), (
-            f"{where}: items never done: {sorted(set(range(self.items)) - finished)[:20]}"
-        )
-        assert sum(self.state()[2].values()) == self.items
-        assert self.journal_rows() == self.items
+    def arguments(self, case: Case, pause: float) -> list[str]:
+        """The job's arguments but its items and journal."""
+        return [
+            f"--url={self.url(case.driver)}",
+            f"--batch={case.batch}",
+            f"--schema={self.schema}",
+            f"--app={self.pg.app}",
+            f"--pause={pause}",
+        ]
 
     def in_transaction(self) -> int:
         """How many of the job's backends are inside a transaction now."""
-        statement = text(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = :app AND xact_start IS NOT NULL"
-        )
-        with self.admin.connect() as connection:
-            return int(connection.execute(statement, {"app": self.app}).scalar_one())
-
-    def wait_no_backends(self, where: str) -> None:
-        """The job's connections ended on the server (open transactions rolled back), none idle in one."""
-        wait_until(lambda: self.pg.connections() == 0, STALL_S, f"{where}: the job's connections to end")
-        assert self.pg.open_transactions() == []
+        return backends_in_transaction(self.admin, self.pg.app)
 
 
 @pytest.fixture
@@ -214,29 +134,41 @@ def target(pg_server: PostgresServer, pg_schema: str, pg_db: PostgreSQL) -> Iter
     made.drop()
 
 
-def kill_seed() -> int:
-    seed = int(os.environ.get("BOUNDEDDB_KILL_SEED") or random.randrange(2**32))
-    print(f"BOUNDEDDB_KILL_SEED={seed}")
-    return seed
+def start(target: Target, case: Case, tmp_path: Path, run: int, pause: float = PAUSE_S) -> Child:
+    """A run of the job as a child process, in a session (process group) of its own."""
+    return Child(JOB, target, target.arguments(case, pause), tmp_path, run)
 
 
 # -- the processes of a child's job ----------------------------------------------------------------------
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after "pid (comm)": state, ppid, pgrp, ...; None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not reaped yet, does not)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
 
 
 def group_members(pgid: int) -> dict[int, str]:
     """The live processes of process group ``pgid`` (zombies left out): pid -> command line."""
     found: dict[int, str] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or (fields := _stat(entry)) is None:
+            continue
+        if int(fields[2]) != pgid or fields[0] in ("Z", "X"):
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:  # gone meanwhile
             continue
-        fields = stat.rpartition(")")[2].split()  # after "pid (comm)": state, ppid, pgrp, ...
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            found[int(entry)] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+        found[int(entry)] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
     return found
 
 
@@ -262,87 +194,26 @@ def wait_group_gone(pgid: int, where: str) -> float:
 # -- the parent killed ------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Kill:
+@dataclasses.dataclass(kw_only=True)
+class ProcessKill(Kill):
     """One killed run: how and whom it killed, and the items done before and after it."""
 
-    how: str
     whom: str  # "group": the parent and its workers; "parent": the parent alone
-    before: int
-    after: int = 0
-    #: Of the job's backends at the kill, those inside a transaction (row kills only).
-    in_transaction: int | None = None
     #: Worker processes alive at the kill.
     workers: int = 0
     #: Seconds until no process of the job was left.
     ended_in_s: float = 0.0
 
 
-def output(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:] if path.exists() else ""
-
-
-class Child:
-    """A run of the job as a child process, in a session (process group) of its own."""
-
-    def __init__(self, target: Target, case: Case, tmp_path: Path, run: int, pause: float = PAUSE_S) -> None:
-        self.out, self.err = tmp_path / f"run{run}.out", tmp_path / f"run{run}.err"
-        self.run = run
-        command = [
-            sys.executable,
-            "-m",
-            "tests.support.journal_process_job",
-            f"--url={target.url(case.driver)}",
-            f"--items={target.items}",
-            f"--job={target.job}",
-            f"--table={target.journal_table.name}",
-            f"--batch={case.batch}",
-            f"--schema={target.schema}",
-            f"--app={target.app}",
-            f"--pause={pause}",
-        ]
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "PYTHONPATH": path, "PYTHONWARNINGS": "error"}
-        with self.out.open("wb") as stdout, self.err.open("wb") as stderr:
-            self.process = subprocess.Popen(
-                command, stdout=stdout, stderr=stderr, env=env, cwd=ROOT, start_new_session=True
-            )
-        #: The process group: the parent's pid (start_new_session), which its workers inherit.
-        self.pgid = self.process.pid
-
-    def outputs(self) -> str:
-        return f"stdout:\n{output(self.out)}\nstderr:\n{output(self.err)}"
-
-    def alive_or_fail(self, what: str) -> None:
-        assert self.process.poll() is None, (
-            f"run {self.run} ended by itself (rc {self.process.returncode}) {what}:\n{self.outputs()}"
-        )
-
-    def cleanup(self) -> None:
-        """Whatever happened: nothing of the run left running."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgid, signal.SIGKILL)
-        self.process.wait(STALL_S)
-
-
-def kill_run(target: Target, case: Case, tmp_path: Path, run: int, how: str, whom: str, before: int) -> Kill:
+def kill_run(
+    target: Target, case: Case, tmp_path: Path, run: int, how: str, whom: str, before: int
+) -> ProcessKill:
     """Start the job, SIGKILL ``whom`` once ``how`` says (``rows>=N``, ``after=S``), wait till all is gone."""
-    kill = Kill(how, whom, before)
-    child = Child(target, case, tmp_path, run)
+    kill = ProcessKill(how=how, whom=whom, before=before)  # in_transaction: found at row kills only
+    child = start(target, case, tmp_path, run)
     try:
         if how.startswith("rows>="):
-            wanted = int(how.removeprefix("rows>="))
-            deadline = time.monotonic() + STALL_S
-            last = before
-            while (rows := target.journal_rows()) < wanted:
-                child.alive_or_fail(f"at {rows} rows, before {how}")
-                if rows > last:
-                    last, deadline = rows, time.monotonic() + STALL_S
-                assert time.monotonic() < deadline, f"run {run}: stuck at {rows} rows, waiting for {how}"
-                time.sleep(0.005)
-            # Freeze the job and its workers where they are: under load, the looks below take long
-            # enough for a fast run to finish before the kill otherwise. Their transactions stay open.
-            os.killpg(child.pgid, signal.SIGSTOP)
+            child.freeze_at(how)
             kill.in_transaction = target.in_transaction()
         else:
             # A fault, not a sync point: the kill may land in the imports, the workers' start, the
@@ -354,7 +225,7 @@ def kill_run(target: Target, case: Case, tmp_path: Path, run: int, how: str, who
                 assert output(child.err).strip() == "", child.outputs()
                 kill.how += " (finished first)"
                 kill.ended_in_s = wait_group_gone(child.pgid, f"after run {run}, which finished first")
-                return finish(target, kill, f"run {run} ({how}, finished first)")
+                return settle(target, kill, f"run {run} ({how}, finished first)")
             child.alive_or_fail(f"within {seconds} s")
         kill.workers = len(workers_of(group_members(child.pgid)))
         if whom == "group":
@@ -370,13 +241,13 @@ def kill_run(target: Target, case: Case, tmp_path: Path, run: int, how: str, who
         # The parent alone killed: its workers see their pipe close, roll back and end by themselves.
         kill.ended_in_s = wait_group_gone(child.pgid, f"after kill {run} ({how}, {whom})")
     finally:
-        child.cleanup()
-    return finish(target, kill, f"after kill {run} ({how}, {whom})")
+        child.kill()
+    return settle(target, kill, f"after kill {run} ({how}, {whom})")
 
 
-def finish(target: Target, kill: Kill, where: str) -> Kill:
+def settle(target: Target, kill: ProcessKill, where: str) -> ProcessKill:
     """The killed run's backends are gone and its items done exactly once: how many."""
-    target.wait_no_backends(where)
+    target.check_no_backends(where)
     kill.after = len(target.check_exactly_once(where))
     return kill
 
@@ -391,56 +262,33 @@ def test_killed_parent_rerun_with_its_journal_has_each_effect_once(
     """
     rng = random.Random(kill_seed())
     items = target.items = CHILD_ITEMS
-    plan = ["rows"] * ROW_KILLS + ["timed"] * TIMED_KILLS
-    rng.shuffle(plan)
+    plan = kill_plan(rng)
     # Among the kills once items are done (workers running): the parent alone, and its whole group.
     row_whom = ["parent", "group"] + [rng.choice(["group", "parent"]) for _ in range(ROW_KILLS - 2)]
     rng.shuffle(row_whom)
     whom = [row_whom.pop() if kind == "rows" else rng.choice(["group", "parent"]) for kind in plan]
-    kills: list[Kill] = []
-    done = 0
-    for run, kind in enumerate(plan):
-        if kind == "rows":
-            how = f"rows>={done + rng.randint(1, max(1, (items - done) // 3))}"
-        else:
-            how = f"after={rng.uniform(0.3, 4.0):.2f}"
-        kill = kill_run(target, case, tmp_path, run, how, whom[run], done)
-        print(f"kill {run}: {kill}")
-        assert kill.after >= done, f"kill {run}: items done went from {done} down to {kill.after}"
-        kills.append(kill)
-        done = kill.after
+    kills, done = kill_runs(
+        rng,
+        plan,
+        items,
+        TIMED_KILL_S,
+        lambda run, how, before: kill_run(target, case, tmp_path, run, how, whom[run], before),
+    )
 
     # The last run, to the end: it skips exactly the items done before it.
-    run = len(plan)
-    child = Child(target, case, tmp_path, run)
-    try:
-        child.process.wait(timeout=120)
-    finally:
-        if child.process.poll() is None:
-            child.cleanup()
-    assert child.process.returncode == 0, (
-        f"the last run failed (rc {child.process.returncode}):\n{child.outputs()}"
-    )
-    assert output(child.err).strip() == "", child.outputs()
-    lines = child.out.read_text().splitlines()
-    assert lines[0] == "started", lines
-    report = json.loads(lines[-1])
+    child = start(target, case, tmp_path, len(kills))
+    report = child.finish()
     print(f"last run: {report}")
     context = f"kills {kills}, last run {report}"
-    assert report["failures"] == [], context
-    assert report["skipped"] == report["skipped_outcomes"] == done, context
-    assert report["submitted"] == report["succeeded"] == items - done, context
-    assert report["failed"] == 0, context
-    assert report["outcomes"] == report["ok_outcomes"] == items, context
+    check_last_report(report, done, items, context)
     assert report["indices_in_order"], context
     wait_group_gone(child.pgid, "after the last run")  # the runner closed: its workers ended
-    target.wait_no_backends("after the last run")
+    target.check_no_backends("after the last run")
     target.check_all_done("after the last run")
 
     # The test could have failed: a kill stopped a run with some items done, and not all, while
     # transactions were open, and each way of killing was tried with workers running.
-    assert [k for k in kills if k.before < k.after < items], f"no kill landed mid-run: {kills}"
-    assert any(k.in_transaction for k in kills), f"no kill found a transaction open: {kills}"
+    check_kills_landed(kills, items, str(kills))
     killed_with_workers = {k.whom for k in kills if k.workers >= 1}
     assert killed_with_workers == {"parent", "group"}, (
         f"a way of killing never found workers running: {kills}"
@@ -449,7 +297,7 @@ def test_killed_parent_rerun_with_its_journal_has_each_effect_once(
 
 def test_workers_of_a_killed_parent_end_without_an_error(target: Target, tmp_path: Path) -> None:
     """SIGKILL the parent alone while both workers hold units: they end by themselves, quietly."""
-    child = Child(target, Case("asyncpg"), tmp_path, 0, pause=0.1)
+    child = start(target, Case("asyncpg"), tmp_path, 0, pause=0.1)
     try:
         # Units of 50 ms on average: each worker has units running and more handed to it.
         wait_until(lambda: target.journal_rows() >= 20, STALL_S, "20 items done")
@@ -459,8 +307,8 @@ def test_workers_of_a_killed_parent_end_without_an_error(target: Target, tmp_pat
         child.process.wait(STALL_S)
         wait_group_gone(child.pgid, "after the parent's kill")
     finally:
-        child.cleanup()
-    target.wait_no_backends("after the parent's kill")
+        child.kill()
+    target.check_no_backends("after the parent's kill")
     target.check_exactly_once("after the parent's kill")
     assert "Traceback" not in output(child.err), output(child.err)
 
@@ -508,15 +356,6 @@ class WorkerKiller(threading.Thread):
             raise self.error
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, dead but not reaped yet, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
 @pytest.mark.parametrize(
     ("case", "share_marks"),
     [pytest.param(case, True, id=case.id) for case in CASES]
@@ -537,16 +376,16 @@ def test_killed_workers_then_reruns_with_the_journal_have_each_effect_once(
     for _ in range(WORKER_KILLS - 1):
         thresholds.append(thresholds[-1] + rng.randint(100, 250))
     print(f"kills at journal rows {thresholds}")
-    fn: Any = job.bump if case.driver == "asyncpg" else job.bump_sync
-    fn = partial(fn, pause=PAUSE_S)
+    url = target.url(case.driver)
+    fn = unit(url, PAUSE_S)
     journal = target.journal()
     runner = ProcessRunner(
-        target.url(case.driver),
+        url,
         limit=4,
         processes=2,
         errors="collect",
-        engine_options=job.engine_options(case.driver, target.schema, target.app),
-        batch=BatchPolicy(case.batch) if case.batch else None,
+        engine_options=engine_options(case.driver, target.schema, target.pg.app),
+        batch=batch_policy(case.batch),
     )
     pids: set[int] = set()
     with runner:
@@ -592,7 +431,7 @@ def test_killed_workers_then_reruns_with_the_journal_have_each_effect_once(
         with target.admin.connect() as connection:
             pids = set(connection.execute(select(effects.c.pid).distinct()).scalars())
     target.check_all_done("after the reruns")
-    target.wait_no_backends("after the runner closed")
+    target.check_no_backends("after the runner closed")
     assert eventually_none_alive(pids), f"worker processes left after close: {[p for p in pids if _alive(p)]}"
 
 
