@@ -110,11 +110,10 @@ class JournalledRun(Run[SinkT]):
         """
         if self._iterator is not None:
             return await anyio.to_thread.run_sync(self._pull_in_thread)
-        if self._buffer and not self.stopping:
-            # Filled and emptied on the loop without an await in between: taking needs no lock, nor
-            # the loop turn that taking the lock costs.
-            if (handed := self._from_buffer()) is not None:
-                return self._admit_unit(*handed)
+        # The buffer is filled and emptied on the loop without an await in between: taking a unit from
+        # it needs no lock, nor the loop turn that taking the lock costs.
+        if self._buffer and not self.stopping and (handed := self._from_buffer()) is not None:
+            return self._admit_unit(*handed)
         if self._async_pull_lock is None:
             self._async_pull_lock = anyio.Lock()
         async with self._async_pull_lock:
