@@ -148,7 +148,7 @@ class _JournalledAsyncUnit(_AsyncUnit):
         item, self._key = _load_item(self._item, index)
         rows = call.rows
         assert rows is not None
-        await (await session.connection()).execute(rows.insert, {"job": rows.job, "item_key": self._key})
+        await rows.write_async(session, self._key)
         await self._finish(session, await call.fn(session, item))
 
     async def probe_async(self, unknown: CommitUnknown) -> Exception:
@@ -168,7 +168,7 @@ class _JournalledSyncUnit(_SyncUnit):
         item, self._key = _load_item(self._item, index)
         rows = call.rows
         assert rows is not None
-        session.connection().execute(rows.insert, {"job": rows.job, "item_key": self._key})
+        rows.write_sync(session, self._key)
         self._finish(session, call.fn(session, item))
 
     def probe_sync(self, unknown: CommitUnknown) -> Exception:

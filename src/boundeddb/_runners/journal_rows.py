@@ -12,10 +12,12 @@ from typing import Final
 
 import anyio
 import anyio.to_thread
+from sqlalchemy import bindparam
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
 
 from .._core.attempts import CommitUnknown, CommitVerified
 from .._dialects import Dialect
@@ -44,12 +46,31 @@ class JournalRows:
         #: The journal table's name.
         self.table = table
         self._create_table = create_table
-        #: The statement each unit runs first, in its own transaction.
+        #: The key's row, inserted: what the probe of a lost COMMIT tries.
         self.insert = self._table.insert()
+        # Each unit's first statement, compiled once for the engine's dialect, so that a unit runs it
+        # as its driver takes it: not once more through SQLAlchemy's statement cache.
+        row = self._table.insert().values(job=bindparam("job"), item_key=bindparam("item_key"))
+        compiled = row.compile(dialect=engine.dialect)
+        self._row_sql = str(compiled)
+        self._positional = compiled.positional
+        assert not compiled.positional or compiled.positiontup == ["job", "item_key"], compiled.positiontup
         self._lookup = dialect.journal_lookup(self._table)
         #: The most keys one lookup asks for: see ``Dialect.most_keys_looked_up``.
         self.most_keys = dialect.most_keys_looked_up
         self._checked = False
+
+    # -- a unit's row ------------------------------------------------------------------------------
+
+    async def write_async(self, session: AsyncSession, key: str) -> None:
+        """Insert ``key``'s row in ``session``'s transaction: a journalled unit's first statement."""
+        parameters = (self.job, key) if self._positional else {"job": self.job, "item_key": key}
+        await (await session.connection()).exec_driver_sql(self._row_sql, parameters)
+
+    def write_sync(self, session: Session, key: str) -> None:
+        """As :meth:`write_async`, on a sync ``session``."""
+        parameters = (self.job, key) if self._positional else {"job": self.job, "item_key": key}
+        session.connection().exec_driver_sql(self._row_sql, parameters)
 
     # -- the queries -------------------------------------------------------------------------------
 

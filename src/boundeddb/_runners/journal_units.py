@@ -258,8 +258,7 @@ class AsyncJournalItem(JournalItem):
 
     async def _run(self, session: Any) -> Any:
         # First: a rerun racing a transaction still open on the server waits for its row lock.
-        rows = self.rows
-        await (await session.connection()).execute(rows.insert, {"job": rows.job, "item_key": self.key})
+        await self.rows.write_async(session, self.key)
         result = self.fn(session, self.item)
         if not inspect.isawaitable(result):  # as the executor says of a unit without a journal
             msg = (
@@ -281,8 +280,7 @@ class SyncJournalItem(JournalItem):
     __slots__ = ()
 
     def __call__(self, session: Any) -> Any:
-        rows = self.rows
-        session.connection().execute(rows.insert, {"job": rows.job, "item_key": self.key})
+        self.rows.write_sync(session, self.key)
         return self.fn(session, self.item)
 
     def probe_sync(self, unknown: CommitUnknown) -> Exception:
