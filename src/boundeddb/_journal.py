@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, overload
 
 from sqlalchemy import Column, DateTime, MetaData, String, Table, func
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -207,11 +208,14 @@ class Journal(Generic[ItemT]):
         """
         Delete this job's rows, so that its next run runs every item again. Returns how many.
 
+        Where the table does not exist yet, there is nothing to forget: 0.
         With an :class:`~sqlalchemy.ext.asyncio.AsyncEngine`, await the result.
         """
         table, job = self._table, self._job
 
         def forget(connection: Connection) -> int:
+            if not sa_inspect(connection).has_table(table.name):
+                return 0
             return int(connection.execute(table.delete().where(table.c.job == job)).rowcount)
 
         forgotten: int | Awaitable[int] = _in_transaction(engine, forget)

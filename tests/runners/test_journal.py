@@ -840,7 +840,10 @@ async def test_a_missing_table_with_create_table_false_is_an_error_with_its_ddl(
 @pytest.mark.anyio
 @every(ALL_CASES)
 async def test_create_forget_and_ddl_with_the_runners_engine(jkit: BatchKit) -> None:
-    """ddl() is the table's CREATE TABLE; create() makes it once; forget() deletes one job's rows only."""
+    """
+    ddl() is the table's CREATE TABLE; create() makes it once; forget() deletes one job's rows only,
+    and forgets nothing (0) before the table exists.
+    """
     runner = jkit.runner(limit=2)
     engine = jkit.engine
     assert engine is not None
@@ -853,6 +856,18 @@ async def test_create_forget_and_ddl_with_the_runners_engine(jkit: BatchKit) -> 
         assert column in flat, (column, ddl)
     assert "PRIMARY KEY (job, item_key)" in flat
     assert CUSTOM_TABLE in Journal.ddl(engine, table=CUSTOM_TABLE)
+
+    async def forget(journal: Journal[int]) -> int:
+        forgotten = journal.forget(engine)
+        if isinstance(engine, AsyncEngine):
+            assert pyinspect.isawaitable(forgotten)
+            return int(await forgotten)
+        assert isinstance(forgotten, int)
+        return forgotten
+
+    assert not table_exists(jkit, DEFAULT_TABLE)
+    assert await forget(Journal[int](unique_job("before"), key=int)) == 0
+    assert not table_exists(jkit, DEFAULT_TABLE), "forget() creates nothing"
 
     created = Journal.create(engine)
     if isinstance(engine, AsyncEngine):
@@ -869,14 +884,6 @@ async def test_create_forget_and_ddl_with_the_runners_engine(jkit: BatchKit) -> 
     two = Journal[int](unique_job("two"), key=int)
     await runner.map(work.fn(), range(5), journal=one)
     await runner.map(work.fn(), range(3), journal=two)
-
-    async def forget(journal: Journal[int]) -> int:
-        forgotten = journal.forget(engine)
-        if isinstance(engine, AsyncEngine):
-            assert pyinspect.isawaitable(forgotten)
-            return int(await forgotten)
-        assert isinstance(forgotten, int)
-        return forgotten
 
     assert await forget(one) == 5
     assert journal_counts(jkit) == {two.job: 3}
