@@ -23,7 +23,6 @@ import dataclasses
 import os
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -209,29 +208,38 @@ def kill_run(
     target: Target, case: Case, tmp_path: Path, run: int, how: str, whom: str, before: int
 ) -> ProcessKill:
     """Start the job, SIGKILL ``whom`` once ``how`` says (``rows>=N``, ``after=S``), wait till all is gone."""
-    kill = ProcessKill(how=how, whom=whom, before=before)  # in_transaction: found at row kills only
+    kill = ProcessKill(how=how, whom=whom, before=before)  # in_transaction: found at frozen kills
     child = start(target, case, tmp_path, run)
     try:
-        if how.startswith("rows>="):
+        frozen = how.startswith("rows>=")
+        if frozen:
             child.freeze_at(how)
-            kill.in_transaction = target.in_transaction()
         else:
             # A fault, not a sync point: the kill may land in the imports, the workers' start, the
-            # journal table's creation, a lookup of keys, or among the units.
-            seconds = float(how.removeprefix("after="))
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.process.wait(timeout=seconds)
-            if child.process.returncode == 0:  # it finished first: the items left were few
+            # journal table's creation, a lookup of keys, or among the units. It comes at half the
+            # items left at the latest: a job that finished first would leave the row kills planned
+            # after this one nothing to wait for (and so untried: a killed parent, a killed group).
+            deadline = time.monotonic() + float(how.removeprefix("after="))
+            cap = before + max(1, (target.items - before) // 2)
+            child.wait_for(
+                lambda: time.monotonic() >= deadline or target.journal_rows() >= cap, how, may_end=True
+            )
+            if child.process.poll() == 0:  # it finished first: the items left were few
                 assert output(child.err).strip() == "", child.outputs()
                 kill.how += " (finished first)"
                 kill.ended_in_s = wait_group_gone(child.pgid, f"after run {run}, which finished first")
                 return settle(target, kill, f"run {run} ({how}, finished first)")
-            child.alive_or_fail(f"within {seconds} s")
+            if time.monotonic() < deadline:
+                os.killpg(child.pgid, signal.SIGSTOP)
+                kill.how += f" (came at rows>={cap})"
+                frozen = True
+        if frozen:
+            kill.in_transaction = target.in_transaction()
         kill.workers = len(workers_of(group_members(child.pgid)))
         if whom == "group":
             os.killpg(child.pgid, signal.SIGKILL)
         else:
-            if how.startswith("rows>="):
+            if frozen:
                 # Thawed first, and the parent killed a moment later: a stopped group whose parent
                 # dies gets SIGHUP from the kernel, and its workers must end by themselves instead.
                 os.killpg(child.pgid, signal.SIGCONT)
