@@ -222,17 +222,25 @@ class Journal(Generic[ItemT]):
         return forgotten
 
 
+def untranslated(connection: Connection) -> Connection:
+    """
+    ``connection``, set to find the journal table in its default schema whatever the engine's
+    ``schema_translate_map`` says: a unit's row goes to the driver as plain SQL, which no map moves.
+    """
+    return connection.execution_options(schema_translate_map=None)
+
+
 def _in_transaction(engine: object, work: Callable[[Connection], Any]) -> Any:
     """``work(connection)`` in a transaction on ``engine``: done now, or an awaitable for an AsyncEngine."""
     if isinstance(engine, AsyncEngine):
 
         async def run() -> Any:
             async with engine.begin() as connection:
-                return await connection.run_sync(work)
+                return await connection.run_sync(lambda sync: work(untranslated(sync)))
 
         return run()
     if isinstance(engine, Engine):
         with engine.begin() as connection:
-            return work(connection)
+            return work(untranslated(connection))
     msg = f"engine must be a sqlalchemy Engine or AsyncEngine, got {type(engine).__name__}"
     raise TypeError(msg)

@@ -29,7 +29,19 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 import pytest
-from sqlalchemy import Column, MetaData, String, Table, create_engine, event, func, inspect, select, text
+from sqlalchemy import (
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    event,
+    func,
+    inspect,
+    select,
+    text,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -919,6 +931,90 @@ async def test_a_custom_table_and_two_jobs_in_one_table(jkit: BatchKit) -> None:
     forgotten = second.forget(jkit.engine)
     assert (await forgotten if pyinspect.isawaitable(forgotten) else forgotten) == 10
     assert journal_counts(jkit, CUSTOM_TABLE) == {first.job: 12}
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("strategy", ["semaphore", "threads"])
+async def test_a_schema_translate_map_moves_the_units_tables_never_the_journal(
+    pg_server: PostgresServer, strategy: str
+) -> None:
+    """
+    With an engine whose ``schema_translate_map`` sends the units' tables to a tenant's schema, the
+    journal table is made, looked up, written and forgotten in the connection's default schema only:
+    a rerun skips what committed, and each item's row in the tenant's table is there once.
+    """
+    home, tenant = (f"bdbt_{name}_{secrets.token_hex(3)}" for name in ("home", "tenant"))
+    admin = create_engine(driver_url(pg_server.url, "psycopg"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        for schema in (home, tenant):
+            connection.execute(text(f"CREATE SCHEMA {schema}"))
+        connection.execute(text(f"CREATE TABLE {tenant}.effects (item int NOT NULL)"))
+    effects = Table("effects", MetaData(), Column("item", Integer))  # no schema: the map's to move
+    translate = {"schema_translate_map": {None: tenant}}
+    engine: Any
+    if strategy == "threads":
+        engine = create_engine(
+            driver_url(pg_server.url, "psycopg"), connect_args={"options": f"-c search_path={home}"}
+        ).execution_options(**translate)
+
+        def sync_fn(session: Session, item: int) -> None:
+            session.execute(effects.insert(), {"item": item})
+            if item == 3:
+                raise Boom(item)
+
+        runner: Any = ThreadOffloadRunner(sessionmaker(engine), limit=2, errors="collect")
+        fn: Any = sync_fn
+    else:
+        engine = create_async_engine(
+            driver_url(pg_server.url, "asyncpg"), connect_args={"server_settings": {"search_path": home}}
+        ).execution_options(**translate)
+
+        async def async_fn(session: AsyncSession, item: int) -> None:
+            await session.execute(effects.insert(), {"item": item})
+            if item == 3:
+                raise Boom(item)
+
+        runner = SemaphoreRunner(async_sessionmaker(engine), limit=2, errors="collect")
+        fn = async_fn
+
+    def journal_tables() -> set[str]:
+        """Which of the two schemas have a journal table."""
+        with admin.connect() as connection:
+            query = text(
+                "SELECT table_schema FROM information_schema.tables"
+                " WHERE table_name = :name AND table_schema IN (:home, :tenant)"
+            )
+            found = connection.execute(query, {"name": DEFAULT_TABLE, "home": home, "tenant": tenant})
+            return set(found.scalars())
+
+    def items_done() -> list[int]:
+        with admin.connect() as connection:
+            return sorted(connection.execute(text(f"SELECT item FROM {tenant}.effects")).scalars())
+
+    try:
+        journal = Journal[int](unique_job("tenant"), key=int)
+        first = await runner.map(fn, range(6), journal=journal)
+        assert [o.ok for o in first.outcomes] == [True, True, True, False, True, True]
+        assert journal_tables() == {home}
+        assert items_done() == [0, 1, 2, 4, 5]
+        rerun = await runner.map(fn, range(7), journal=journal)
+        assert [o.skipped for o in rerun.outcomes] == [True, True, True, False, True, True, False]
+        assert items_done() == [0, 1, 2, 4, 5, 6], "each committed item once"
+        await create_table(engine)
+        forgotten = journal.forget(engine)
+        assert (await forgotten if pyinspect.isawaitable(forgotten) else forgotten) == 6
+        assert journal_tables() == {home}
+    finally:
+        if isinstance(engine, AsyncEngine):
+            await engine.dispose()
+        else:
+            engine.dispose()
+        with admin.connect() as connection:
+            for schema in (home, tenant):
+                connection.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
 
 
 # -- a role that may not create the table (PostgreSQL, MariaDB) -------------------------------------------

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from .._core.attempts import CommitUnknown, CommitVerified
 from .._dialects import Dialect
 from .._errors import BoundedDBError
-from .._journal import Journal, journal_table
+from .._journal import Journal, journal_table, untranslated
 
 __all__ = ["PROBE_WAIT_S", "JournalRows"]
 
@@ -87,6 +87,7 @@ class JournalRows:
             return self._done_on(connection, keys)
 
     def _done_on(self, connection: Connection, keys: list[str]) -> set[str]:
+        connection = untranslated(connection)
         if not self._checked:
             self._check_table(connection)
         done = self._dialect.done_keys(
@@ -149,6 +150,7 @@ class JournalRows:
         it to end, at most :data:`PROBE_WAIT_S`: a duplicate key then means it committed.
         """
         dialect = self._dialect
+        connection = untranslated(connection)
         try:
             transaction = connection.begin()
             lock_wait = dialect.lock_wait_sql(PROBE_WAIT_S)
