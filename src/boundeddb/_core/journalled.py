@@ -160,8 +160,8 @@ class JournalledRun(Run[SinkT]):
                 elif _all_foregone(chunk):
                     fetcher = threading.Thread(target=self._fetch_sync, name="boundeddb-journal-lookup")
                     fetcher.start()
-                    try:
-                        self._settle_all_sync(chunk)
+                    try:  # the next chunk is looked up meanwhile, in a thread of its own
+                        self._settle_foregone(chunk, 0, len(chunk))
                     finally:
                         fetcher.join()
                 else:
@@ -230,10 +230,6 @@ class JournalledRun(Run[SinkT]):
             if not self._settle_foregone(chunk, start, start + _SETTLED_PER_TURN):
                 return
             await anyio.lowlevel.checkpoint()
-
-    def _settle_all_sync(self, chunk: list[Any]) -> None:
-        """As :meth:`_settle_all`, in a worker thread: the lookup runs in a thread of its own."""
-        self._settle_foregone(chunk, 0, len(chunk))
 
     def _settle_foregone(self, chunk: list[Any], start: int, stop: int) -> bool:
         """Settle ``chunk[start:stop]``, foregone items all; False if the run stopped first."""

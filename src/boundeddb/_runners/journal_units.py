@@ -113,12 +113,9 @@ class JournalCall:
             return JournalChunks(self.chunks_sync(items, unit), in_threads=True)
         return JournalChunks(self.chunks(items, unit), in_threads=False)
 
-    async def keyed(
-        self, items: Iterable[Any] | AsyncIterable[Any]
-    ) -> AsyncIterator[tuple[Any, str] | Foregone]:
+    def keyed(self, items: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[tuple[Any, str] | Foregone]:
         """``(item, key)`` for each item to run, else its :class:`Foregone`: :meth:`looked_up`'s pairs."""
-        async for keyed in self.looked_up(items, _pair):
-            yield keyed
+        return self.looked_up(items, _pair)
 
     async def looked_up(
         self, items: Iterable[Any] | AsyncIterable[Any], make: Callable[[Any, str], Any]
