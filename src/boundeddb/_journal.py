@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, overload
+from typing import Any, Generic, TypeVar, overload
 
 from sqlalchemy import Column, DateTime, MetaData, String, Table, func
 from sqlalchemy import inspect as sa_inspect
@@ -222,12 +222,15 @@ class Journal(Generic[ItemT]):
         return forgotten
 
 
-def untranslated(connection: Connection) -> Connection:
+EngineT = TypeVar("EngineT", Engine, AsyncEngine)
+
+
+def untranslated(engine: EngineT) -> EngineT:
     """
-    ``connection``, set to find the journal table in its default schema whatever the engine's
+    ``engine`` (sharing its pool), set to find the journal table in the default schema whatever its
     ``schema_translate_map`` says: a unit's row goes to the driver as plain SQL, which no map moves.
     """
-    return connection.execution_options(schema_translate_map=None)
+    return engine.execution_options(schema_translate_map=None)
 
 
 def _in_transaction(engine: object, work: Callable[[Connection], Any]) -> Any:
@@ -235,12 +238,12 @@ def _in_transaction(engine: object, work: Callable[[Connection], Any]) -> Any:
     if isinstance(engine, AsyncEngine):
 
         async def run() -> Any:
-            async with engine.begin() as connection:
-                return await connection.run_sync(lambda sync: work(untranslated(sync)))
+            async with untranslated(engine).begin() as connection:
+                return await connection.run_sync(work)
 
         return run()
     if isinstance(engine, Engine):
-        with engine.begin() as connection:
-            return work(untranslated(connection))
+        with untranslated(engine).begin() as connection:
+            return work(connection)
     msg = f"engine must be a sqlalchemy Engine or AsyncEngine, got {type(engine).__name__}"
     raise TypeError(msg)

@@ -39,7 +39,7 @@ class JournalRows:
         self, job: str, table: str, engine: Engine, dialect: Dialect, *, async_units: bool, create_table: bool
     ) -> None:
         self.job = job
-        self._engine = engine
+        self._engine = engine = untranslated(engine)
         self._async_engine = AsyncEngine(engine) if async_units else None
         self._dialect = dialect
         self._table = journal_table(table)
@@ -87,7 +87,6 @@ class JournalRows:
             return self._done_on(connection, keys)
 
     def _done_on(self, connection: Connection, keys: list[str]) -> set[str]:
-        connection = untranslated(connection)
         if not self._checked:
             self._check_table(connection)
         done = self._dialect.done_keys(
@@ -150,7 +149,6 @@ class JournalRows:
         it to end, at most :data:`PROBE_WAIT_S`: a duplicate key then means it committed.
         """
         dialect = self._dialect
-        connection = untranslated(connection)
         try:
             transaction = connection.begin()
             lock_wait = dialect.lock_wait_sql(PROBE_WAIT_S)
