@@ -411,16 +411,11 @@ def kill_runs(
     """
     Run the job once for each kind in ``plan``, killed by ``kill_run(run, how, items done before it)``
     once ``how`` says: ``rows>=N`` (N a random number of the items left after those done) or ``after=S``
-    (S seconds, random within ``timed_s``). The kills, and the items done after the last. A timed kill
-    can come after the job has finished by itself: the kills planned after it are dropped, as no row
-    is left for them to wait for.
+    (S seconds, random within ``timed_s``). The kills, and the items done after the last.
     """
     kills: list[KillT] = []
     done = 0
     for run, kind in enumerate(plan):
-        if done == items:
-            print(f"kill {run} and later: dropped, the job finished before them")
-            break
         if kind == "rows":
             how = f"rows>={done + rng.randint(1, max(1, (items - done) // 3))}"
         else:
