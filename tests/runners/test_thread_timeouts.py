@@ -152,6 +152,30 @@ async def test_a_mysql_statement_past_the_timeout_is_killed_and_the_unit_rolled_
     mysql_db.assert_no_open_transactions("after the timeout")
 
 
+@pytest.mark.mysql
+@pytest.mark.parametrize("driver", ["pymysql", "mysqldb"])
+async def test_a_mysql_statement_on_a_connection_pooled_before_the_runner_is_killed(
+    mysql_db: MariaDB, make_mysql_sync_engine: Any, driver: str
+) -> None:
+    """
+    The engine used before the runner was made (a create_all() at start-up): the unit gets that pooled
+    connection, made before the runner's listeners, and its SLEEP(30) is still killed at the timeout.
+    (It was not: the runner knew no server id for it, and the test above failed now and then.)
+    """
+    if driver == "mysqldb":
+        pytest.importorskip(
+            "MySQLdb", reason="mysqlclient is not installed (tests/stacks/test_mysqldb.py says how)"
+        )
+    engine: Engine = make_mysql_sync_engine(driver, pool_size=1)
+    Base.metadata.create_all(engine)  # the pool's one connection, made before the runner
+    runner = ThreadOffloadRunner(sessionmaker(engine), limit=1, errors="collect", timeout=0.5)
+    with anyio.fail_after(20):  # SLEEP(30) would outlast it
+        report = await runner.run([insert(1, lambda s: s.execute(text("SELECT SLEEP(30)")))])
+    assert isinstance(report.outcomes[0].error, UnitTimeout), report.outcomes[0].error
+    assert eventually(lambda: mysql_db.statements("SELECT SLEEP%") == [], 10)
+    mysql_db.assert_no_open_transactions("after the timeout")
+
+
 def test_the_deadline_thread_ends_when_no_unit_has_a_deadline() -> None:
     """The deadlines' thread starts with the first deadline and ends about a second after the last one."""
     deadlines = StatementDeadlines(SQLite(), 0.2)

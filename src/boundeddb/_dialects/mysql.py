@@ -7,8 +7,9 @@ side connection stops it. It sends ``KILL QUERY <id>`` for a cancelled run's thr
 ``KILL CONNECTION <id>`` when the pool invalidates a connection, which also rolls back its
 transaction at once. A cancelled run waits until the server has ended the connections it
 discarded, in :meth:`MySQL.wait_connections_ended`.
-The server's id of each connection is read when it is made, because mysqlclient refuses
-any call on a connection while another thread runs a statement on it. :meth:`MySQL.check_engine`
+The server's id of each connection is read when it is made (or, for a connection the pool made
+before the runner, at its first checkout after), because mysqlclient refuses any call on a connection
+while another thread runs a statement on it. :meth:`MySQL.check_engine`
 refuses an ``autocommit`` in the engine's URL.
 ``docs/how-to/mysql.md`` tells the drivers' behaviours these guard against.
 """
@@ -61,6 +62,8 @@ NO_SUCH_THREAD = 1094
 END_WAIT_S = 5.0
 #: How often, in seconds, that thread asks whether the server has ended the connection.
 _END_POLL_S = 0.005
+#: The key in a pool entry's ``info`` of a connection whose URL and server id are known.
+_KNOWN = "boundeddb.mysql.known"
 
 
 def errno(error: BaseException | None) -> object:
@@ -232,11 +235,12 @@ class MySQL(Dialect):
             self._prepared.add(engine.pool)
         url = engine.url
 
-        def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        def on_connect(dbapi_connection: Any, record: Any) -> None:
             key = _key(dbapi_connection)
             self._urls[key] = url
             if (ident := _thread_id_now(dbapi_connection)) is not None:
                 self._ids[key] = ident
+            record.info[_KNOWN] = True
 
         def on_invalidate(dbapi_connection: Any, _record: Any, exception: BaseException | None) -> None:
             if exception is STATEMENT_ENDED:  # a thread runner's discard: its statement has returned
@@ -245,8 +249,16 @@ class MySQL(Dialect):
             if thread_id is not None:  # never block the caller, an event loop: a thread of its own
                 self._end_soon(url, thread_id)
 
+        def on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+            if _KNOWN not in record.info:
+                on_connect(dbapi_connection, record)
+
         event.listen(engine.pool, "connect", on_connect)
         event.listen(engine.pool, "invalidate", on_invalidate)
+        if _may_hold_connections(engine.pool):
+            # Made before the runner (a create_all() at start-up): met at their next checkout, in the
+            # thread that will run statements on them, where mysqlclient still tells its id.
+            event.listen(engine.pool, "checkout", on_checkout)
 
     def _end_soon(self, url: URL, thread_id: int) -> None:
         """
@@ -309,6 +321,17 @@ class MySQL(Dialect):
             thread_ids.setdefault(url, []).append(thread_id)
         for url, ids in thread_ids.items():
             kill_queries(url, ids)
+
+
+def _may_hold_connections(pool: Any) -> bool:
+    """
+    Whether ``pool`` may hold connections already, made before :meth:`MySQL.prepare_engine`'s listeners
+    (a ``QueuePool`` counts them; of any other pool, assume so).
+    """
+    try:
+        return bool(pool.checkedin() + pool.checkedout() > 0)
+    except AttributeError:
+        return True
 
 
 def _key(dbapi_connection: Any) -> Any:
