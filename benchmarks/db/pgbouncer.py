@@ -58,17 +58,20 @@ class PgBouncer:
     """
     ``with PgBouncer(server_url, pool_size=5) as bouncer:`` — ``bouncer.url("asyncpg")`` is a
     client URL; :meth:`restart` stops it abruptly (SIGTERM: open client connections are cut) and
-    starts it again on the same port.
+    starts it again on the same port. ``port=`` chooses the port (the tests give each of their
+    workers a range of its own); by default the kernel picks a free one.
     """
 
-    def __init__(self, server: URL, *, pool_size: int = 5, max_client_conn: int = 200) -> None:
+    def __init__(
+        self, server: URL, *, pool_size: int = 5, max_client_conn: int = 200, port: int | None = None
+    ) -> None:
         binary = pgbouncer_binary()
         if binary is None:
             raise RuntimeError("pgbouncer is not installed (apt-get install pgbouncer)")
         self.binary = binary
         self.server = server
         self.pool_size = pool_size
-        self.port = free_port()
+        self.port = port or free_port()
         self.user = server.username or "postgres"
         self._dir = Path(tempfile.mkdtemp(prefix="bdbt-pgbouncer-"))
         self._proc: subprocess.Popen[bytes] | None = None

@@ -53,6 +53,7 @@ def in_flight(stats: RunnerStatistics, priority: int) -> int:
     return stats.in_flight_by_priority.get(priority, 0)
 
 
+@pytest.mark.serial  # interactive units' waits are measured: an idle machine's (the serial group)
 @every_kind
 async def test_interactive_submits_start_at_once_beside_a_bulk_run_that_fills_its_share(
     kit: Kit, sampler: ActivitySampler

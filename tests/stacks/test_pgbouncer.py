@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 from boundeddb import pgbouncer_engine_options
 from boundeddb.testing import PostgresServer
 from tests.support.faults import wait_until
+from tests.support.ports import free_port
 from tests.support.probes import ActivitySampler, terminate_backends
 
 pytestmark = [
@@ -103,7 +104,7 @@ print(json.dumps({
 
 @pytest.fixture
 def bouncer(pg_server: PostgresServer) -> Iterator[PgBouncer]:
-    with PgBouncer(pg_server.url, pool_size=POOL) as b:
+    with PgBouncer(pg_server.url, pool_size=POOL, port=free_port()) as b:
         yield b
 
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from benchmarks.db.pgbouncer import free_port
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from boundeddb.testing import PostgresServer
 from tests.support.kits import eventually
 from tests.support.pages import ROOT, python_blocks, with_test_server
+from tests.support.ports import free_port
 from tests.support.probes import ActivitySampler, backends, terminate_backends
 
 pytest.importorskip("uvloop", reason="uvloop is part of the test extra")
@@ -81,6 +81,7 @@ async def load(base: str) -> tuple[list[int], list[float], list[dict[str, int]]]
     return statuses, pings, states
 
 
+@pytest.mark.serial  # /ping's latencies are measured: an idle machine's (the serial group)
 def test_the_web_how_to_app_under_uvicorn_with_uvloop_and_httptools(
     tmp_path: Path, pg_server: PostgresServer, admin: Engine, app_name: str
 ) -> None:

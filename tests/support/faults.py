@@ -154,7 +154,9 @@ class Killer:
     Terminates random backends of one application_name, from its own connection, in a thread.
 
     It starts once ``progress`` reaches ``start_at`` and stops at ``stop_at`` (or when stopped),
-    so the kills land in the middle of a run; ``every`` paces it (it is the fault, not a sync point).
+    so the kills land in the middle of a run, and kills again each time ``progress`` has gone on by
+    about ``every`` (0.5 to 1.5 times, at random). Paced by the run's progress, not by the clock: a
+    busy machine, whose units take longer, sees as many kills per unit as an idle one.
     """
 
     def __init__(
@@ -165,7 +167,7 @@ class Killer:
         *,
         start_at: int,
         stop_at: int,
-        every: float = 0.01,
+        every: int = 5,
         seed: int = 0,
     ) -> None:
         self._admin = admin
@@ -210,9 +212,15 @@ class Killer:
                     self.terminated += int(killed)
                     self.in_commit += int(in_commit)
                     self.rounds += 1
-                    self._stop.wait(self._every * self._rng.uniform(0.5, 1.5))
+                    self._wait_for_progress(round(self._every * self._rng.uniform(0.5, 1.5)))
         except BaseException as error:  # pragma: no cover - surfaced by stop()
             self.error = error
+
+    def _wait_for_progress(self, step: int) -> None:
+        """Wait until ``progress`` has gone on by ``step`` (or the killer is stopped)."""
+        target = self._progress.value + max(1, step)
+        while not self._stop.is_set() and not self._progress.wait_for(target, 0.05):
+            pass
 
     def __enter__(self) -> Killer:
         self._thread.start()
@@ -401,10 +409,23 @@ class PrivateServer:
         self.restarts += 1
 
     def cleanup(self) -> None:
-        """Stop the server (pgserver only knows the first postmaster, not a restarted one), remove it."""
+        """
+        Stop the server (pgserver only knows the first postmaster, not a restarted one), remove it.
+
+        ``pg_ctl stop`` returns once the postmaster removed its pid file, a moment before the process
+        is gone: pgserver, finding its postmaster still running then, would stop it again, fail, and
+        fail again to signal it once it is gone (seen beside busy processes). So wait for it first.
+        """
+        import psutil  # pgserver's dependency
+
+        pid_file = self._server.pgdata / "postmaster.pid"
         try:
-            if (self._server.pgdata / "postmaster.pid").exists():
+            if pid_file.exists():
+                postmaster = int(pid_file.read_text().split()[0])
                 self._pg_ctl("-m", "immediate", "stop")
+                psutil.wait_procs([psutil.Process(postmaster)], timeout=10)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired):  # pragma: no cover
+            pass
+        except psutil.NoSuchProcess:  # pragma: no cover - gone before we looked
             pass
         self._server.cleanup()
