@@ -1,7 +1,7 @@
 """
 A journalled job whose process is SIGKILLed mid-run, several times, then rerun to the end.
 
-The job (tests/support/journal_job.py, a child process) maps 2,000 items whose units are not
+The job (tests/support/journal_job.py, a child process) maps ITEMS items whose units are not
 idempotent: ``UPDATE jk_counters SET n = n + 1`` on the item's row and an ``INSERT INTO jk_effects``
 without a natural key. The test kills it at random points (seeded: the seed is printed, and
 ``BOUNDEDDB_KILL_SEED`` replays it), once a random number of items committed or after a random
@@ -27,6 +27,8 @@ from sqlalchemy.pool import NullPool
 from boundeddb.testing import PostgresServer, driver_url
 from tests.support.batches import SqliteFile
 from tests.support.journal_kill import (
+    ROW_KILLS,
+    TIMED_KILLS,
     Child,
     Kill,
     Ledger,
@@ -38,12 +40,17 @@ from tests.support.journal_kill import (
     kill_seed,
 )
 from tests.support.servers import Database, MariaDB, PostgreSQL
+from tests.support.soak import quick_or_long
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collect_garbage")]
 
 JOB = "tests.support.journal_job"
 
-ITEMS = 2000
+#: Items of the job: 1,000 in the suite, 2,000 in a soak.
+ITEMS = quick_or_long(1000, 2000)
+#: The kills before the last run, (once items committed, after a delay): one of each in the suite, the
+#: long plan (tests/support/journal_kill.py) in a soak. The seed is random each run, printed.
+KILLS = (quick_or_long(1, ROW_KILLS), quick_or_long(1, TIMED_KILLS))
 #: A timed kill lands this many seconds at most after the job printed ``started``.
 TIMED_KILL_S = 0.3
 #: The most seconds a unit sleeps between its two statements, so that kills land inside transactions
@@ -210,12 +217,12 @@ def kill_run(target: Target, tmp_path: Path, run: int, how: str, before: int) ->
 def test_killed_job_rerun_with_its_journal_has_each_effect_once(
     case: Case, target: Target, tmp_path: Path
 ) -> None:
-    """Kill the job 4 times at random points, rerun it to the end: each item's effects exactly once."""
+    """Kill the job at random points (KILLS), rerun it to the end: each item's effects exactly once."""
     seed = kill_seed()
     rng = random.Random(seed)
     kills, done = kill_runs(
         rng,
-        kill_plan(rng),
+        kill_plan(rng, *KILLS),
         ITEMS,
         (0, TIMED_KILL_S),
         lambda run, how, before: kill_run(target, tmp_path, run, how, before),

@@ -40,6 +40,7 @@ from tests.support.faults import wait_until
 from tests.support.journal_kill import (
     ROW_KILLS,
     STALL_S,
+    TIMED_KILLS,
     Child,
     Kill,
     Ledger,
@@ -56,6 +57,7 @@ from tests.support.journal_kill import (
     unit,
 )
 from tests.support.servers import PostgreSQL
+from tests.support.soak import quick_or_long
 
 pytestmark = [
     pytest.mark.slow,
@@ -75,6 +77,9 @@ PAUSE_S = 0.004
 TIMED_KILL_S = (0.3, 4.0)
 #: Worker kills in the in-process map.
 WORKER_KILLS = 3
+#: The child's kills before its last run, (once items committed, after a delay): two of the first (the
+#: parent alone, and its group) and one timed in the suite, the long plan in a soak.
+KILLS = (quick_or_long(2, ROW_KILLS), quick_or_long(1, TIMED_KILLS))
 
 
 #: What a worker may have been handed at once with limit=4 over 2 workers (protocol.most_handed of
@@ -265,14 +270,14 @@ def test_killed_parent_rerun_with_its_journal_has_each_effect_once(
     case: Case, target: Target, tmp_path: Path
 ) -> None:
     """
-    SIGKILL the job's process 4 times at random points (with its workers, or alone), rerun it to
+    SIGKILL the job's process at random points (KILLS; with its workers, or alone), rerun it to
     the end: each item's effects exactly once, the last run skips exactly what was done before it.
     """
     rng = random.Random(kill_seed())
     items = target.items = CHILD_ITEMS
-    plan = kill_plan(rng)
+    plan = kill_plan(rng, *KILLS)
     # Among the kills once items are done (workers running): the parent alone, and its whole group.
-    row_whom = ["parent", "group"] + [rng.choice(["group", "parent"]) for _ in range(ROW_KILLS - 2)]
+    row_whom = ["parent", "group"] + [rng.choice(["group", "parent"]) for _ in range(KILLS[0] - 2)]
     rng.shuffle(row_whom)
     whom = [row_whom.pop() if kind == "rows" else rng.choice(["group", "parent"]) for kind in plan]
     kills, done = kill_runs(

@@ -20,13 +20,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from tests.support.faults import SMALL_CASES, SMALL_IDS, STALL_S, assert_no_open_transactions
 from tests.support.kits import Boom, Kit
 from tests.support.probes import ActivitySampler, committed_units
+from tests.support.soak import quick_or_long
 
 pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("collect_garbage")]
 
 
-#: How long the submit soak runs: the issue asks for 60 s; by default (CI) 10 s.
-#: Run the full soak with BOUNDEDDB_SOAK_SECONDS=60.
-SOAK_SECONDS = float(os.environ.get("BOUNDEDDB_SOAK_SECONDS", "10"))
+#: How long the submit soak runs: the issue asks for 60 s, which `nox -s soak` gives it; the suite 5 s.
+#: BOUNDEDDB_SOAK_SECONDS chooses another.
+SOAK_SECONDS = float(os.environ.get("BOUNDEDDB_SOAK_SECONDS") or quick_or_long(5, 60))
 CALLERS = 500
 
 

@@ -41,6 +41,7 @@ from tests.support.kits import (
     StartGate,
 )
 from tests.support.models import Item
+from tests.support.soak import quick_or_long, soak_seed
 
 #: Each case is marked postgres or mysql by its kind (conftest.py).
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("items_table")]
@@ -142,7 +143,8 @@ async def test_units_in_flight_when_the_run_is_cancelled_never_commit(kit: Kit) 
 # -- repeated random cancellation, with retries and timeouts, on the default (TLS-probing) engine -------
 
 REPEATED_CASES = [("semaphore", "asyncio"), ("chunked", "asyncio"), *MYSQL_ASYNC_CASES]
-REPEATED_RUNS = 25
+#: Runs cancelled at random (in a soak, the long version).
+REPEATED_RUNS = quick_or_long(10, 25)
 
 
 def two_inserts(run: int, i: int, pauses: tuple[float, float]) -> Any:
@@ -177,10 +179,10 @@ async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "anyio_backend"), REPEATED_CASES, ids=[k for k, _ in REPEATED_CASES])
 async def test_repeated_random_cancellation_leaks_nothing_into_the_loop(kit: Kit) -> None:
-    """25 runs cancelled at random: no error reaches the loop's handler, no misuse is invented."""
+    """Runs cancelled at random: no error reaches the loop's handler, no misuse is invented."""
     async with loop_errors() as seen:
         runner = kit.runner(limit=10, retry=RetryPolicy(attempts=3), timeout=5)
-        rng = random.Random(2)
+        rng = random.Random(soak_seed(2))
         for run in range(REPEATED_RUNS):
             units = [two_inserts(run, i, (rng.uniform(0, 0.05), rng.uniform(0, 0.05))) for i in range(500)]
             with anyio.fail_after(60):
@@ -196,6 +198,10 @@ async def test_repeated_random_cancellation_leaks_nothing_into_the_loop(kit: Kit
     assert (await runner.run([kit.select(3)])).values() == [3]
 
 
+#: Runs cancelled as their connections open, after 0 to 5 checkpoints in turn (in a soak, more).
+CONNECT_CANCELS = quick_or_long(12, 30)
+
+
 @pytest.mark.parametrize(("kind", "anyio_backend"), REPEATED_CASES, ids=[k for k, _ in REPEATED_CASES])
 async def test_a_run_cancelled_while_its_connections_open_leaks_nothing_into_the_loop(kit: Kit) -> None:
     """Cancelled as the driver opens connections (asyncpg's TLS probe): no stray error, nothing left open."""
@@ -208,7 +214,7 @@ async def test_a_run_cancelled_while_its_connections_open_leaks_nothing_into_the
     event.listen(kit.engine.sync_engine, "do_connect", on_connect)
     try:
         async with loop_errors() as seen:
-            for attempt in range(30):
+            for attempt in range(CONNECT_CANCELS):
                 await kit.engine.dispose()  # every run opens its connections anew
                 opening = anyio.Event()
                 with anyio.fail_after(30):
@@ -229,7 +235,9 @@ async def test_a_run_cancelled_while_its_connections_open_leaks_nothing_into_the
 
 # -- cancelled at a random point (on engines without asyncpg's TLS probe), and a native asyncio cancel --
 
-CANCEL_SEEDS = 200
+#: Seeded cancellations per kind: a fixed sample in the suite, the long version in a soak (other seeds
+#: each round, printed).
+CANCEL_SEEDS = quick_or_long(40, 200)
 CANCEL_CASES = [
     ("semaphore", "asyncio"),
     ("semaphore-psycopg", "asyncio"),
@@ -301,16 +309,17 @@ async def cancel_once(kit: Kit, runner: Any, seed: int) -> str:
 
 @pytest.mark.slow
 @pytest.mark.anyio
-@pytest.mark.timeout(600)  # its 200 runs took 109 s beside two CPU hogs (threads-pymysql-trio)
+@pytest.mark.timeout(600)  # 200 runs took 109 s beside two CPU hogs (threads-pymysql-trio)
 @pytest.mark.usefixtures("collect_garbage")
 @pytest.mark.parametrize(("kind", "anyio_backend"), CANCEL_CASES, ids=CANCEL_IDS)
 async def test_cancelling_at_random_points_leaks_nothing(cancel_kit: Kit) -> None:
-    """200 seeded cancellations of a run or stream: connections back, no open transaction, no warning."""
+    """Seeded cancellations of a run or stream: connections back, no open transaction, no warning."""
     kit = cancel_kit
     runner = kit.runner(limit=4)
+    first = soak_seed(0)
     with no_warnings():
-        for seed in range(CANCEL_SEEDS):
-            with anyio.fail_after(30):  # a hang (all 200 had 120 s, and a busy machine took 109)
+        for seed in range(first, first + CANCEL_SEEDS):
+            with anyio.fail_after(30):  # a hang (200 runs took 109 s on a busy machine)
                 where = await cancel_once(kit, runner, seed)
             assert runner.in_flight == 0, where
             assert kit.pool.checkedout() == 0, where
@@ -423,15 +432,19 @@ def reading(kit: Kit, value: int) -> Any:
     return sync_unit
 
 
+#: Runs of wide reads cancelled at a random point (in a soak, the long version).
+MID_READ_CANCELS = quick_or_long(20, 40)
+
+
 @pytest.mark.usefixtures("collect_garbage")
 @pytest.mark.parametrize(("kind", "anyio_backend"), EVERY_CASE, ids=EVERY_ID)
 async def test_runs_cancelled_mid_read_never_hand_their_rows_to_later_units(cancel_kit: Kit) -> None:
-    """40 runs of wide reads cancelled at random points: each later unit reads its own row (asyncmy#103)."""
+    """Runs of wide reads cancelled at random points: each later unit reads its own row (asyncmy#103)."""
     kit = cancel_kit
     runner = kit.runner(limit=4, errors="collect")
-    rng = random.Random(103)
+    rng = random.Random(soak_seed(103))
     with anyio.fail_after(120):
-        for attempt in range(40):
+        for attempt in range(MID_READ_CANCELS):
             with anyio.move_on_after(rng.uniform(0, 0.03)):
                 await runner.run([reading(kit, 1000 + i) for i in range(12)])
             report = await runner.run([reading(kit, i) for i in range(8)])
@@ -472,14 +485,18 @@ STRAY_CASES = [
 ]
 
 
+#: Runs cancelled beside the submitting caller (in a soak, the long version).
+STRAY_CANCELS = quick_or_long(50, 150)
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("collect_garbage")
 @pytest.mark.parametrize(("kind", "anyio_backend"), STRAY_CASES, ids=[f"{k}-{b}" for k, b in STRAY_CASES])
 async def test_a_cancelled_runs_statement_cancel_never_reaches_another_callers_unit(cancel_kit: Kit) -> None:
-    """150 runs cancelled as their units run quick statements: a caller submitting beside them never fails."""
+    """Runs cancelled as their units run quick statements: a caller submitting beside them never fails."""
     kit = cancel_kit
     runner = kit.runner(limit=2)
-    rng = random.Random(7)
+    rng = random.Random(soak_seed(7))
     submitted = 0
     stop = False
 
@@ -492,7 +509,7 @@ async def test_a_cancelled_runs_statement_cancel_never_reaches_another_callers_u
     with anyio.fail_after(120):
         async with anyio.create_task_group() as callers:
             callers.start_soon(submitter)
-            for _ in range(150):
+            for _ in range(STRAY_CANCELS):
                 gate = StartGate(1)
                 async with anyio.create_task_group() as group:
                     group.start_soon(runner.run, [chatty(kit, rng.randint(1, 3), gate) for _ in range(4)])

@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: A job that commits nothing more for this long is taken for hung (and its processes, that do not end
 #: in this long after their parent died, for left behind).
 STALL_S = 30.0
-#: Kills before the last run: some once a random number of items committed, one after a random delay.
+#: Kills before the last run in a soak (``nox -s soak``): some once a random number of items committed,
+#: one after a random delay. The suite's tests choose fewer (see their ``KILLS``).
 ROW_KILLS = 3
 TIMED_KILLS = 1
 
@@ -394,9 +395,9 @@ def kill_seed() -> int:
     return seed
 
 
-def kill_plan(rng: random.Random) -> list[str]:
-    """The kinds of the kills before the last run, shuffled: ROW_KILLS ``"rows"``, TIMED_KILLS ``"timed"``."""
-    plan = ["rows"] * ROW_KILLS + ["timed"] * TIMED_KILLS
+def kill_plan(rng: random.Random, rows: int = ROW_KILLS, timed: int = TIMED_KILLS) -> list[str]:
+    """The kinds of the kills before the last run, shuffled: ``rows`` ``"rows"``, ``timed`` ``"timed"``."""
+    plan = ["rows"] * rows + ["timed"] * timed
     rng.shuffle(plan)
     return plan
 
