@@ -19,6 +19,7 @@ import pytest
 from boundeddb import BatchPolicy, RunnerClosedError
 from tests.support.batches import (  # noqa: F401 -- the *_fixture names are fixtures pytest finds here
     ALL_CASES,
+    ONE_OF_EACH,
     SERVER_CASES,
     BatchKit,
     assert_no_leaks,
@@ -39,7 +40,7 @@ LONG_LINGER = 5.0
 PROMPT = LONG_LINGER / 2
 
 
-@every()
+@every(ONE_OF_EACH)
 async def test_a_storm_of_submits_shares_transactions_and_each_returns_once_committed(bkit: BatchKit) -> None:
     """100 concurrent submits: few COMMITs; each returns its value once its row is visible elsewhere."""
     n, failing = 100, 37
@@ -74,7 +75,7 @@ async def test_a_storm_of_submits_shares_transactions_and_each_returns_once_comm
     assert_no_leaks(bkit)
 
 
-@every()
+@every(ONE_OF_EACH)
 async def test_a_priority_submit_is_not_held_by_the_linger(bkit: BatchKit) -> None:
     """With linger=5 s, submit(priority=1) returns long before 5 s; aclose() then runs the lingering one."""
     runner = bkit.runner(limit=4, batch=BatchPolicy(size=50, linger=LONG_LINGER))
@@ -101,7 +102,7 @@ async def test_a_priority_submit_is_not_held_by_the_linger(bkit: BatchKit) -> No
     assert_no_leaks(bkit)
 
 
-@every()
+@every(ONE_OF_EACH)
 async def test_leaving_the_runner_runs_the_submits_that_linger(bkit: BatchKit) -> None:
     """Submits waiting in a 5 s linger when `async with runner` exits run at once: none is lost."""
     n = 20

@@ -20,6 +20,7 @@ from sqlalchemy import text
 from boundeddb import BatchPolicy, RunFailed
 from tests.support.batches import (  # noqa: F401 -- the *_fixture names are fixtures pytest finds here
     ALL_CASES,
+    ONE_OF_EACH,
     PG_CASES,
     SERVER_CASES,
     BatchKit,
@@ -62,7 +63,7 @@ async def test_a_batch_commits_many_units_with_one_commit(bkit: BatchKit) -> Non
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("batch", [None, 1], ids=["None", "1"])
-@every()
+@every(ONE_OF_EACH)
 async def test_without_batches_every_unit_commits_alone(bkit: BatchKit, batch: int | None) -> None:
     """batch=None and batch=1 keep one transaction per unit: N COMMITs, no batch counted."""
     n = 30
@@ -121,7 +122,7 @@ async def test_the_limit_bounds_batches_in_flight_so_connections(bkit: BatchKit)
 
 
 @pytest.mark.anyio
-@every()
+@every(ONE_OF_EACH)
 async def test_an_outcome_is_reported_only_once_its_batch_committed(bkit: BatchKit) -> None:
     """on_outcome and stream() see an ok outcome only once its row is visible from another connection."""
     n = 60
@@ -143,7 +144,7 @@ async def test_an_outcome_is_reported_only_once_its_batch_committed(bkit: BatchK
 
 
 @pytest.mark.anyio
-@every()
+@every(ONE_OF_EACH)
 async def test_a_raising_stream_yields_the_failure_then_raises(bkit: BatchKit) -> None:
     """errors="raise" with batches: the stream yields the failing unit's outcome, then raises RunFailed."""
     runner = bkit.runner(limit=2, batch=10)
@@ -333,7 +334,7 @@ async def slowly(kit: BatchKit, n: int) -> AsyncIterator[Any]:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("verb", ["run", "stream"])
-@every()
+@every(ONE_OF_EACH)
 async def test_an_async_iterable_fills_batches_while_they_linger(bkit: BatchKit, verb: str) -> None:
     """run()/stream() of a slow async iterator with linger: every unit once, batches (not units) committed."""
     n = 100
@@ -351,7 +352,7 @@ async def test_an_async_iterable_fills_batches_while_they_linger(bkit: BatchKit,
 
 
 @pytest.mark.anyio
-@every()
+@every(ONE_OF_EACH)
 async def test_a_batch_that_is_not_full_starts_once_its_linger_runs_out(bkit: BatchKit) -> None:
     """An async input that stalls after 3 units: those 3 commit while it stalls (linger=0.05, size=50)."""
     resume = anyio.Event()
@@ -380,7 +381,7 @@ async def test_a_batch_that_is_not_full_starts_once_its_linger_runs_out(bkit: Ba
 
 
 @pytest.mark.anyio
-@every()
+@every(ONE_OF_EACH)
 async def test_input_is_pulled_at_most_a_few_batches_ahead(bkit: BatchKit) -> None:
     """Memory stays O(limit x size): a generator of 1,000 units is never pulled far ahead of execution."""
     n, size = 1000, 10

@@ -1,10 +1,13 @@
 """
 The behaviour contract every runner keeps, checked on a real PostgreSQL and a real MariaDB (or MySQL).
 
-Each test runs on every kind (tests/support/kits.py): the PostgreSQL kinds, and the MySQL ones (aiomysql,
-asyncmy, pymysql), which skip with one reason where no MySQL server answers. A test sees its own
-connections through ``kit.db`` (tests/support/servers.py): pg_stat_activity by application_name, or the
-processlist by the test's own database.
+What a driver can change (a transaction's end, cancellation, cleanup of what was in flight) runs on
+every stack (``every_stack``: 18 kinds, tests/support/kits.py), the PostgreSQL ones and the MySQL ones
+(aiomysql, asyncmy, pymysql), which skip with one reason where no MySQL server answers. What the runner
+decides whatever the driver and the event loop (order, limits, lookahead, counts) runs on each runner
+on one driver each (``every_runner``: 4 kinds), beside the in-memory fake executor's tests (tests/core).
+A test sees its own connections through ``kit.db`` (tests/support/servers.py): pg_stat_activity by
+application_name, or the processlist by the test's own database.
 """
 
 from __future__ import annotations
@@ -18,16 +21,10 @@ import pytest
 
 from boundeddb import Outcome, RunFailed
 from tests.support.kits import (
-    CASE_IDS,
-    CASES,
-    MYSQL_CASES,
-    MYSQL_IDS,
-    MYSQL_UVLOOP_CASES,
-    MYSQL_UVLOOP_IDS,
-    PSYCOPG_ASYNC_CASES,
-    PSYCOPG_ASYNC_IDS,
-    UVLOOP_CASES,
-    UVLOOP_IDS,
+    EVERY_RUNNER,
+    EVERY_RUNNER_IDS,
+    EVERY_STACK,
+    EVERY_STACK_IDS,
     Boom,
     Kit,
     StartGate,
@@ -35,15 +32,10 @@ from tests.support.kits import (
 )
 from tests.support.probes import PeakSampler
 
-pytestmark = [  # each case is marked postgres or mysql by its kind (conftest.py)
-    pytest.mark.anyio,
-    pytest.mark.usefixtures("items_table"),
-    pytest.mark.parametrize(
-        ("kind", "anyio_backend"),
-        CASES + UVLOOP_CASES + PSYCOPG_ASYNC_CASES + MYSQL_CASES + MYSQL_UVLOOP_CASES,
-        ids=CASE_IDS + UVLOOP_IDS + PSYCOPG_ASYNC_IDS + MYSQL_IDS + MYSQL_UVLOOP_IDS,
-    ),
-]
+#: Each case is marked postgres or mysql by its kind (conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("items_table")]
+every_stack = pytest.mark.parametrize(("kind", "anyio_backend"), EVERY_STACK, ids=EVERY_STACK_IDS)
+every_runner = pytest.mark.parametrize(("kind", "anyio_backend"), EVERY_RUNNER, ids=EVERY_RUNNER_IDS)
 
 
 def assert_no_leaks(kit: Kit) -> None:
@@ -57,6 +49,7 @@ def assert_no_leaks(kit: Kit) -> None:
     assert eventually(lambda: kit.db.running() == 0), kit.db.statements()
 
 
+@every_runner
 async def test_values_come_back_in_input_order(kit: Kit) -> None:
     """Values are in input order whatever order the units finish in."""
     runner = kit.runner(limit=7)
@@ -67,6 +60,7 @@ async def test_values_come_back_in_input_order(kit: Kit) -> None:
     assert report.stats.failed == 0
 
 
+@every_runner
 async def test_map_runs_fn_for_every_item(kit: Kit) -> None:
     """map(fn, items) runs fn(session, item) for every item, results in item order."""
     runner = kit.runner(limit=4)
@@ -74,6 +68,7 @@ async def test_map_runs_fn_for_every_item(kit: Kit) -> None:
     assert report.values() == [2 * i for i in range(50)]
 
 
+@every_runner
 async def test_map_accepts_an_async_iterable(kit: Kit) -> None:
     """Items may come from an async iterable, pulled lazily."""
 
@@ -85,6 +80,7 @@ async def test_map_accepts_an_async_iterable(kit: Kit) -> None:
     assert report.values() == [2 * i for i in range(20)]
 
 
+@every_stack
 async def test_commit_on_success_rollback_on_failure(kit: Kit) -> None:
     """A failed unit leaves no rows, and every neighbour's rows are there."""
     runner = kit.runner(limit=5, errors="collect")
@@ -98,6 +94,7 @@ async def test_commit_on_success_rollback_on_failure(kit: Kit) -> None:
     assert_no_leaks(kit)
 
 
+@every_stack
 async def test_errors_raise_stops_starting_drains_and_accounts_for_every_unit(kit: Kit) -> None:
     """errors="raise": no unit starts after the first failure; the report matches the database."""
     runner = kit.runner(limit=4)
@@ -115,6 +112,7 @@ async def test_errors_raise_stops_starting_drains_and_accounts_for_every_unit(ki
     assert_no_leaks(kit)
 
 
+@every_runner
 async def test_run_failed_supports_except_star(kit: Kit) -> None:
     """The group holds the units' own exceptions, so except* (which uses split()) picks them out."""
     runner = kit.runner(limit=2)
@@ -127,6 +125,7 @@ async def test_run_failed_supports_except_star(kit: Kit) -> None:
     assert [type(e) for e in matched.exceptions] == [Boom]
 
 
+@every_runner
 async def test_errors_collect_returns_every_outcome(kit: Kit) -> None:
     """errors="collect" never raises for unit failures: every unit has an outcome."""
     runner = kit.runner(limit=3, errors="collect")
@@ -137,6 +136,7 @@ async def test_errors_collect_returns_every_outcome(kit: Kit) -> None:
         report.values()
 
 
+@every_runner
 async def test_input_is_pulled_lazily(kit: Kit) -> None:
     """A generator is never pulled more than the limit ahead of the units that finished."""
     limit = 6
@@ -178,6 +178,7 @@ async def test_input_is_pulled_lazily(kit: Kit) -> None:
     assert max(ahead) <= limit, ahead
 
 
+@every_runner
 async def test_the_bound_holds_for_2000_units(kit: Kit, sampler: PeakSampler) -> None:
     """Peak connections <= limit: by the runner's own stats and by pg_stat_activity sampling."""
     limit = 8
@@ -193,6 +194,7 @@ async def test_the_bound_holds_for_2000_units(kit: Kit, sampler: PeakSampler) ->
     assert_no_leaks(kit)
 
 
+@every_runner
 async def test_stats_are_filled(kit: Kit) -> None:
     """RunStats carries counts, latencies, throughput and (when awaited) loop lag."""
     report = await kit.runner(limit=4).run(kit.select(i) for i in range(100))
@@ -206,6 +208,7 @@ async def test_stats_are_filled(kit: Kit) -> None:
     assert all(o.latency_s > 0 and o.wait_s >= 0 and o.attempts == 1 for o in report.outcomes)
 
 
+@every_stack
 async def test_outside_cancellation_rolls_back_and_returns_connections(kit: Kit) -> None:
     """Cancelling a run rolls back the units in flight and returns every connection first."""
     limit = 4
@@ -220,6 +223,7 @@ async def test_outside_cancellation_rolls_back_and_returns_connections(kit: Kit)
     assert_no_leaks(kit)
 
 
+@every_runner
 async def test_stream_yields_in_completion_order_with_bounded_lookahead(kit: Kit) -> None:
     """stream() yields every outcome once; fast units overtake slow ones."""
     runner = kit.runner(limit=4, errors="collect")
@@ -229,6 +233,7 @@ async def test_stream_yields_in_completion_order_with_bounded_lookahead(kit: Kit
     assert seen[0].index != 0, "the slow first unit should not hold back the others"
 
 
+@every_stack
 async def test_stream_break_cleans_up(kit: Kit) -> None:
     """Leaving a stream early cancels what is in flight and leaks nothing."""
     runner = kit.runner(limit=3)
@@ -240,6 +245,7 @@ async def test_stream_break_cleans_up(kit: Kit) -> None:
     assert_no_leaks(kit)
 
 
+@every_stack
 async def test_stream_raise_mode_raises_after_the_failure(kit: Kit) -> None:
     """With errors="raise", a stream yields the failure, then raises RunFailed."""
     runner = kit.runner(limit=2)
@@ -256,6 +262,7 @@ async def test_stream_raise_mode_raises_after_the_failure(kit: Kit) -> None:
     assert [o.index for o in caught.value.report.outcomes] == [5]
 
 
+@every_stack
 async def test_submit_returns_the_value_and_raises_the_units_own_exception(kit: Kit) -> None:
     """submit() returns the unit's value, or raises its exception unchanged."""
     runner = kit.runner(limit=2)
@@ -264,6 +271,7 @@ async def test_submit_returns_the_value_and_raises_the_units_own_exception(kit: 
         await runner.submit(kit.insert(1, fail=True))
 
 
+@every_runner
 async def test_500_concurrent_submits_share_the_limit(kit: Kit, sampler: PeakSampler) -> None:
     """500 tasks submitting at once never exceed the limit and never hit a pool timeout."""
     limit = 10
@@ -283,6 +291,7 @@ async def test_500_concurrent_submits_share_the_limit(kit: Kit, sampler: PeakSam
     assert_no_leaks(kit)
 
 
+@every_runner
 async def test_concurrent_runs_and_submits_share_one_limit(kit: Kit, sampler: PeakSampler) -> None:
     """Two runs and a stream of submits on one runner together stay within its limit."""
     limit = 5
@@ -296,6 +305,7 @@ async def test_concurrent_runs_and_submits_share_one_limit(kit: Kit, sampler: Pe
     assert 1 <= sampler.peak <= limit
 
 
+@every_stack
 async def test_a_failing_iterable_drains_then_raises_its_own_error(kit: Kit) -> None:
     """If the input itself raises, units in flight finish, then that exception propagates."""
     runner = kit.runner(limit=3)
@@ -310,6 +320,7 @@ async def test_a_failing_iterable_drains_then_raises_its_own_error(kit: Kit) -> 
     assert_no_leaks(kit)
 
 
+@every_runner
 async def test_repr_shows_limit_and_state(kit: Kit) -> None:
     """The repr tells the limit and what is in flight."""
     runner = kit.runner(limit=3)
@@ -318,6 +329,7 @@ async def test_repr_shows_limit_and_state(kit: Kit) -> None:
     assert repr(runner).endswith(" closed>")
 
 
+@every_stack
 async def test_the_case_runs_on_the_event_loop_it_names(kind: str, anyio_backend: object) -> None:
     """The uvloop cases really run on uvloop (anyio's ``use_uvloop``), the others on the default loop."""
     import sniffio

@@ -63,6 +63,7 @@ from boundeddb.testing import PostgresServer, driver_url
 from tests.runners.test_progress import RecordingProgress
 from tests.support.batches import (  # noqa: F401 -- the *_fixture names are fixtures pytest finds here
     ALL_CASES,
+    ONE_OF_EACH,
     BatchKit,
     bkit_fixture,
     every,
@@ -84,15 +85,6 @@ CUSTOM_TABLE = "bdbt_custom_journal"
 #: Every journal table a test here may create: dropped after each PostgreSQL test (the schema is shared).
 TABLES = (DEFAULT_TABLE, CUSTOM_TABLE)
 
-#: One case per database and runner family, for the tests that need not run on all twelve.
-ONE_OF_EACH = [
-    ("semaphore", "asyncio"),
-    ("threads-psycopg", "asyncio"),
-    ("chunked-asyncmy", "asyncio"),
-    ("threads-pymysql", "asyncio"),
-    ("semaphore-aiosqlite", "asyncio"),
-    ("threads-pysqlite", "asyncio"),
-]
 THREAD_CASES = [(case, backend) for case, backend in ALL_CASES if case.startswith("threads")]
 
 
@@ -369,7 +361,7 @@ async def test_with_batches_a_failing_unit_leaves_only_its_own_row_out(jkit: Bat
 
 
 @pytest.mark.anyio
-@every(ALL_CASES)
+@every(ONE_OF_EACH)
 async def test_an_async_iterable_of_items_is_journalled_too(jkit: BatchKit) -> None:
     """An async generator of items: the same skips, in input order, and effects once."""
     n = 40
@@ -484,7 +476,7 @@ def test_chunk_sizes() -> None:
 
 
 @pytest.mark.anyio
-@every(ALL_CASES)
+@every(ONE_OF_EACH)
 async def test_keys_are_looked_up_in_doubling_chunks_never_per_item(jkit: BatchKit) -> None:
     """
     2,000 items, every other one done: 8 lookups of 32, 64, 128, 256, 500, 500, 500 and 20 keys, an
@@ -528,7 +520,7 @@ async def test_keys_are_looked_up_in_doubling_chunks_never_per_item(jkit: BatchK
 
 
 @pytest.mark.anyio
-@every(ALL_CASES)
+@every(ONE_OF_EACH)
 @pytest.mark.parametrize("batch", [None, 8], ids=["unit", "batch"])
 async def test_an_input_that_fails_during_a_resume_is_raised_after_what_came_before(
     jkit: BatchKit, batch: int | None
@@ -593,7 +585,7 @@ async def test_with_errors_raise_a_bad_key_among_done_items_stops_the_run(jkit: 
 
 
 @pytest.mark.anyio
-@every(ALL_CASES)
+@every(ONE_OF_EACH)
 async def test_a_key_that_is_neither_str_nor_int_fails_its_item_only(jkit: BatchKit) -> None:
     """key(item) gives 2.5, None, True, b"x": those items fail with UnitMisuseError naming it; never run."""
     bad: dict[int, object] = {2: 2.5, 4: None, 6: True, 8: b"x"}
@@ -632,7 +624,7 @@ async def test_with_errors_raise_a_bad_key_is_raised_after_the_units_in_flight(j
 
 
 @pytest.mark.anyio
-@every(ALL_CASES)
+@every(ONE_OF_EACH)
 async def test_a_key_given_twice_in_a_run_fails_the_second_item(jkit: BatchKit) -> None:
     """Items 2 and 5 both "dup", item 7 the int 1 where item 1 is "1": 5 and 7 fail naming it, never run."""
     runner = jkit.runner(limit=3, errors="collect")
@@ -656,7 +648,7 @@ async def test_a_key_given_twice_in_a_run_fails_the_second_item(jkit: BatchKit) 
 
 
 @pytest.mark.anyio
-@every(ALL_CASES)
+@every(ONE_OF_EACH)
 async def test_a_key_function_that_raises_fails_its_item_with_that_error(jkit: BatchKit) -> None:
     """key(item) raises for item 3: item 3 fails with the key function's own exception, never runs."""
     runner = jkit.runner(limit=3, errors="collect")
@@ -827,7 +819,7 @@ def test_a_journals_properties() -> None:
 
 
 @pytest.mark.anyio
-@every(ALL_CASES)
+@every(ONE_OF_EACH)
 async def test_a_missing_table_with_create_table_false_is_an_error_with_its_ddl(jkit: BatchKit) -> None:
     """create_table=False and no table: BoundedDBError with the CREATE TABLE; nothing ran, nothing made."""
     runner = jkit.runner(limit=2, errors="collect")
@@ -850,7 +842,7 @@ async def test_a_missing_table_with_create_table_false_is_an_error_with_its_ddl(
 
 
 @pytest.mark.anyio
-@every(ALL_CASES)
+@every(ONE_OF_EACH)
 async def test_create_forget_and_ddl_with_the_runners_engine(jkit: BatchKit) -> None:
     """
     ddl() is the table's CREATE TABLE; create() makes it once; forget() deletes one job's rows only,
@@ -906,7 +898,7 @@ async def test_create_forget_and_ddl_with_the_runners_engine(jkit: BatchKit) -> 
 
 
 @pytest.mark.anyio
-@every(ALL_CASES)
+@every(ONE_OF_EACH)
 async def test_a_custom_table_and_two_jobs_in_one_table(jkit: BatchKit) -> None:
     """Journal(table=...) keeps its rows there only; jobs sharing a table never see each other's rows."""
     runner = jkit.runner(limit=3)

@@ -60,6 +60,18 @@ SQLITE_CASES = [
 ALL_CASES = PG_CASES + MARIADB_CASES + SQLITE_CASES
 #: The cases on a server (PostgreSQL, MariaDB): those that can sleep on the server.
 SERVER_CASES = PG_CASES + MARIADB_CASES
+#: One case per database and runner family (an async runner, the thread runner), for what the runner
+#: decides whatever the driver (when a batch starts, how far input is pulled ahead, which units a
+#: batch holds, keys checked and looked up): the tests that need not run on all twelve. ALL_CASES runs
+#: the drivers' side of the same paths (a batch's transaction, its failures, its cancellation).
+ONE_OF_EACH = [
+    ("semaphore", "asyncio"),
+    ("threads-psycopg", "asyncio"),
+    ("chunked-asyncmy", "asyncio"),
+    ("threads-pymysql", "asyncio"),
+    ("semaphore-aiosqlite", "asyncio"),
+    ("threads-pysqlite", "asyncio"),
+]
 
 
 def server_of(case: str) -> str:
@@ -501,6 +513,7 @@ def bkit_fixture(case: str, request: pytest.FixtureRequest) -> Iterator[BatchKit
 __all__ = [
     "ALL_CASES",
     "MARIADB_CASES",
+    "ONE_OF_EACH",
     "PG_CASES",
     "SERVER_CASES",
     "SQLITE_CASES",

@@ -57,6 +57,19 @@ MYSQL_IDS = [f"{kind}-{backend}" for kind, backend in MYSQL_CASES]
 MYSQL_UVLOOP_CASES = [("semaphore-aiomysql", UVLOOP), ("chunked-asyncmy", UVLOOP)]
 MYSQL_UVLOOP_IDS = [f"{kind}-uvloop" for kind, _ in MYSQL_UVLOOP_CASES]
 
+#: Every stack: each runner on each driver and event loop, on PostgreSQL and MariaDB (18 kinds). For
+#: what differs by driver: a transaction's end, cancellation, a connection cut mid-statement.
+EVERY_STACK = CASES + UVLOOP_CASES + PSYCOPG_ASYNC_CASES + MYSQL_CASES + MYSQL_UVLOOP_CASES
+EVERY_STACK_IDS = CASE_IDS + UVLOOP_IDS + PSYCOPG_ASYNC_IDS + MYSQL_IDS + MYSQL_UVLOOP_IDS
+#: Each runner, on one real driver each (asyncpg; psycopg 3 in threads, under asyncio and trio): for
+#: what the runner decides whatever the driver and the loop (order, limits, lookahead, counts), which
+#: the in-memory fake executor (tests/core) checks too. EVERY_STACK runs the drivers' and uvloop's
+#: side of the same paths: I/O, a transaction's end, cancellation.
+EVERY_RUNNER = [case for case in CASES if case[0] != "threads-psycopg2"]
+EVERY_RUNNER_IDS = [
+    case_id for case, case_id in zip(CASES, CASE_IDS, strict=True) if case[0] != "threads-psycopg2"
+]
+
 #: The driver of a kind that names none: asyncpg for the async runners.
 DEFAULT_ASYNC_DRIVER = "asyncpg"
 
@@ -231,6 +244,10 @@ def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
 __all__ = [
     "CASES",
     "CASE_IDS",
+    "EVERY_RUNNER",
+    "EVERY_RUNNER_IDS",
+    "EVERY_STACK",
+    "EVERY_STACK_IDS",
     "MYSQL_CASES",
     "MYSQL_IDS",
     "MYSQL_UVLOOP_CASES",
