@@ -318,8 +318,9 @@ def make_mysql_sync_engine(mysql_db: MariaDB) -> Iterator[Any]:
     engines: list[Engine] = []
 
     def make(driver: str = "pymysql", **pool: Any) -> Engine:
-        pool.setdefault("pool_size", 10)
-        pool.setdefault("max_overflow", 0)
+        if "poolclass" not in pool:
+            pool.setdefault("pool_size", 10)
+            pool.setdefault("max_overflow", 0)
         engine = create_engine(mysql_db.url(driver), **pool)
         engines.append(engine)
         return engine

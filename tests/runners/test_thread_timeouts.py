@@ -23,6 +23,7 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from boundeddb import ThreadOffloadRunner, UnitTimeout
 from boundeddb._dialects.sqlite import SQLite
@@ -153,20 +154,23 @@ async def test_a_mysql_statement_past_the_timeout_is_killed_and_the_unit_rolled_
 
 
 @pytest.mark.mysql
+@pytest.mark.parametrize("pool", ["queue", "null"])
 @pytest.mark.parametrize("driver", ["pymysql", "mysqldb"])
 async def test_a_mysql_statement_on_a_connection_pooled_before_the_runner_is_killed(
-    mysql_db: MariaDB, make_mysql_sync_engine: Any, driver: str
+    mysql_db: MariaDB, make_mysql_sync_engine: Any, driver: str, pool: str
 ) -> None:
     """
     The engine used before the runner was made (a create_all() at start-up): the unit gets that pooled
     connection, made before the runner's listeners, and its SLEEP(30) is still killed at the timeout.
-    (It was not: the runner knew no server id for it, and the test above failed now and then.)
+    (It was not: the runner knew no server id for it, and the test above failed now and then.) A
+    NullPool, which cannot say whether it holds connections, makes a new one per checkout.
     """
     if driver == "mysqldb":
         pytest.importorskip(
             "MySQLdb", reason="mysqlclient is not installed (tests/stacks/test_mysqldb.py says how)"
         )
-    engine: Engine = make_mysql_sync_engine(driver, pool_size=1)
+    pooling: dict[str, Any] = {"pool_size": 1} if pool == "queue" else {"poolclass": NullPool}
+    engine: Engine = make_mysql_sync_engine(driver, **pooling)
     Base.metadata.create_all(engine)  # the pool's one connection, made before the runner
     runner = ThreadOffloadRunner(sessionmaker(engine), limit=1, errors="collect", timeout=0.5)
     with anyio.fail_after(20):  # SLEEP(30) would outlast it
