@@ -328,7 +328,9 @@ async def test_a_worker_killed_mid_run_loses_and_repeats_nothing(
     assert len(killed) == 1
     assert [o.index for o in report.outcomes] == list(range(400))  # nothing lost
     in_doubt = report.failures
-    assert 1 <= len(in_doubt) <= 2, [o.error for o in in_doubt]  # what the dead worker had started
+    # What the dead worker had started: at most its share. None if it was between refills then (seen
+    # beside two busy processes); the test below kills a worker mid-COMMIT, which always has one.
+    assert len(in_doubt) <= 2, [o.error for o in in_doubt]
     assert all(isinstance(o.error, WorkerLostError) for o in in_doubt)
     assert all(f"killed by SIGKILL (pid {killed[0]})" in str(o.error) for o in in_doubt)
     rows_by_unit = committed(rows)

@@ -273,18 +273,24 @@ class Fleet:
         return True
 
     def _read(self, link: Link) -> None:
-        """Handle the worker's messages until its pipe ends, then settle what it held."""
+        """
+        Handle the worker's messages until its pipe ends, every one the worker wrote before it ended.
+
+        Those read together are handled together, also when the pipe ends among them: a dead worker's
+        pipe polls readable, and its last messages (a unit settled, a unit committing) must count.
+        """
         connection = link.started.connection
-        try:
-            while True:
-                messages = pickle.loads(connection.recv_bytes())
+        ended = False
+        while not ended:
+            messages: list[p.Ready | p.CallMessage] = []
+            try:
+                messages += pickle.loads(connection.recv_bytes())
                 while connection.poll():
                     messages += pickle.loads(connection.recv_bytes())
-                woken = self._handle(link, messages)
-                for call in woken:
-                    call.wake()
-        except (EOFError, OSError):
-            pass
+            except (EOFError, OSError):
+                ended = True
+            for call in self._handle(link, messages):
+                call.wake()
 
     def _handle(self, link: Link, messages: list[p.Ready | p.CallMessage]) -> set[CallState]:
         woken: set[CallState] = set()
