@@ -21,10 +21,10 @@ import anyio.lowlevel
 import anyio.to_thread
 import pytest
 from sqlalchemy import event, text
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from boundeddb import RetryPolicy, SemaphoreRunner
+from boundeddb import RetryPolicy
 from tests.support.faults import Countdown, no_warnings, wait_until
 from tests.support.kits import (
     CASE_IDS,
@@ -41,7 +41,6 @@ from tests.support.kits import (
     StartGate,
 )
 from tests.support.models import Item
-from tests.support.servers import PostgreSQL
 from tests.support.soak import quick_or_long, soak_seed
 
 #: Each case is marked postgres or mysql by its kind (conftest.py).
@@ -519,35 +518,3 @@ async def test_a_cancelled_runs_statement_cancel_never_reaches_another_callers_u
             stop = True
     assert submitted > 0
     assert kit.pool.checkedout() == 0
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_a_psycopg_cancel_that_missed_its_statement_is_sent_again(
-    make_async_engine: Any, pg_db: PostgreSQL, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """
-    psycopg's async connection, cancelled, sends one cancel request; one that reaches the server before
-    the backend has begun the statement is dropped, psycopg closes the connection 5 s later, and the
-    backend ran its pg_sleep(60) on, its transaction open (seen in the suite beside busy processes).
-    Here that request is lost on purpose: the runner's cancel, sent again, stops the statement.
-    """
-    import psycopg
-
-    async def lost(self: Any, **_: Any) -> None:
-        """The cancel request that reached the backend before its statement did."""
-
-    monkeypatch.setattr(psycopg.AsyncConnection, "_try_cancel", lost)
-    engine = make_async_engine(driver="psycopg", pool_size=1)
-    runner = SemaphoreRunner(async_sessionmaker(engine), limit=1)
-
-    async def sleeper(session: AsyncSession) -> None:
-        await session.execute(text("SELECT pg_sleep(60)"))
-
-    with anyio.fail_after(30):
-        async with anyio.create_task_group() as group:
-            group.start_soon(runner.run, [sleeper])
-            await anyio.to_thread.run_sync(wait_until, lambda: pg_db.running("%pg_sleep%") == 1, 10, "asleep")
-            group.cancel_scope.cancel()
-    wait_until(lambda: pg_db.running("%pg_sleep%") == 0, 10, "the statement stopped")
-    wait_until(lambda: pg_db.open_transactions() == [], 2, "no transaction left open")

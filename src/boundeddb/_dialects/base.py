@@ -18,7 +18,7 @@ from sqlalchemy import exc as sa_exc
 
 from .._errors import UnitTimeout
 
-__all__ = ["STATEMENT_ENDED", "Dialect", "is_socket_error", "may_hold_connections"]
+__all__ = ["STATEMENT_ENDED", "Dialect", "is_socket_error"]
 
 logger = logging.getLogger("boundeddb.dialects")
 
@@ -41,17 +41,6 @@ class StatementEnded(Exception):
 
 #: Passed to ``Connection.invalidate()`` for a connection discarded after its statement returned.
 STATEMENT_ENDED = StatementEnded("discarded after its statement's cancellation: no statement running")
-
-
-def may_hold_connections(pool: Any) -> bool:
-    """
-    Whether ``pool`` may hold connections already, made before a runner's pool listeners (a
-    ``QueuePool`` counts them; of any other pool, assume so).
-    """
-    try:
-        return bool(pool.checkedin() + pool.checkedout() > 0)
-    except AttributeError:
-        return True
 
 
 class Dialect:
@@ -216,7 +205,7 @@ class Dialect:
         """
         Whether connections discarded from an engine on ``url`` are still being ended on the server
         from another thread, as MySQL's ``KILL CONNECTION`` does. Never here: a closed connection ends
-        once its statement, if one runs, has ended.
+        at once.
         """
         return False
 

@@ -27,7 +27,7 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
-from .base import STATEMENT_ENDED, Dialect, may_hold_connections
+from .base import STATEMENT_ENDED, Dialect
 
 __all__ = ["DIALECT", "NAMES", "MySQL"]
 
@@ -255,7 +255,7 @@ class MySQL(Dialect):
 
         event.listen(engine.pool, "connect", on_connect)
         event.listen(engine.pool, "invalidate", on_invalidate)
-        if may_hold_connections(engine.pool):
+        if _may_hold_connections(engine.pool):
             # Made before the runner (a create_all() at start-up): met at their next checkout, in the
             # thread that will run statements on them, where mysqlclient still tells its id.
             event.listen(engine.pool, "checkout", on_checkout)
@@ -321,6 +321,17 @@ class MySQL(Dialect):
             thread_ids.setdefault(url, []).append(thread_id)
         for url, ids in thread_ids.items():
             kill_queries(url, ids)
+
+
+def _may_hold_connections(pool: Any) -> bool:
+    """
+    Whether ``pool`` may hold connections already, made before :meth:`MySQL.prepare_engine`'s listeners
+    (a ``QueuePool`` counts them; of any other pool, assume so).
+    """
+    try:
+        return bool(pool.checkedin() + pool.checkedout() > 0)
+    except AttributeError:
+        return True
 
 
 def _key(dbapi_connection: Any) -> Any:

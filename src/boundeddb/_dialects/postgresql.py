@@ -3,28 +3,18 @@ The PostgreSQL dialect, for asyncpg, psycopg 3 and psycopg2.
 
 It reads SQLSTATEs, tells a lost connection, sets ``statement_timeout`` and cancels statements.
 It also reads a transaction's status, which ``verify_commits`` needs.
-
-A cancel request that reaches the server before the backend has begun the statement is dropped, and
-a backend does not notice its client's socket closing while a statement runs: it runs it to the end,
-its transaction open. psycopg 3's async connection, cancelled, sends one cancel request, waits 5 s for
-the statement to end, then closes the connection. So for psycopg's async connections the dialect keeps
-each connection's cancel key, and when the pool discards one that psycopg closed, sends the cancel
-again from a thread (:meth:`PostgreSQL.prepare_engine`).
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
-import weakref
 from itertools import compress
 from typing import Any
 
-from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
+from sqlalchemy import text
 
-from .base import Dialect, may_hold_connections
+from .base import Dialect
 
 __all__ = ["DIALECT", "NAMES", "PostgreSQL", "sqlstate"]
 
@@ -48,8 +38,6 @@ _CONNECTION_EXCEPTION_CLASS = "08"
 QUERY_CANCELED = "57014"
 #: A journal lookup's flags, b"0" and b"1" per key, as the bytes 0 and 1 that ``compress`` selects by.
 _FLAG_BITS = bytes.maketrans(b"01", b"\x00\x01")
-#: The key in a pool entry's ``info`` of a connection whose cancel key is kept.
-_KNOWN = "boundeddb.postgresql.known"
 #: psycopg 3's message for a connection whose socket is gone, in ``psycopg/waiting.py``.
 _PSYCOPG_SOCKET_CLOSED = "connection socket closed"
 
@@ -68,62 +56,9 @@ def sqlstate(error: BaseException | None) -> str | None:
     return None
 
 
-logger = logging.getLogger("boundeddb.dialects")
-
-
-def _cancel_again(cancel: Any) -> None:
-    """Send a discarded connection's cancel request again (``PGcancel.cancel()``, which blocks)."""
-    try:
-        cancel.cancel()
-    except Exception as error:  # the server is gone, or the backend with it
-        logger.debug("PostgreSQL: cancelling a discarded connection's statement again failed: %s", error)
-
-
 class PostgreSQL(Dialect):
     name = "postgresql"
     stops_statements = True
-
-    def __init__(self) -> None:
-        #: Each psycopg async connection's libpq cancel key (``PGcancel``), usable after it is closed.
-        self._cancels: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-        self._prepared: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._lock = threading.Lock()
-
-    def prepare_engine(self, engine: Any) -> None:
-        """
-        On psycopg's async engines: keep each connection's cancel key, and send its cancel request
-        again when the pool discards a connection that psycopg closed, whose statement may run on (the
-        module docstring tells why). A cancel request only ever stops that connection's own backend.
-        """
-        dialect = engine.dialect
-        if not (dialect.is_async and dialect.driver.startswith("psycopg")):
-            return
-        with self._lock:
-            if engine.pool in self._prepared:
-                return
-            self._prepared.add(engine.pool)
-
-        def on_connect(dbapi_connection: Any, record: Any) -> None:
-            raw = dbapi_connection.driver_connection
-            self._cancels[raw] = raw.pgconn.get_cancel()
-            record.info[_KNOWN] = True
-
-        def on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-            if _KNOWN not in record.info:
-                on_connect(dbapi_connection, record)
-
-        def on_invalidate(dbapi_connection: Any, _record: Any, _exception: BaseException | None) -> None:
-            raw = dbapi_connection.driver_connection
-            cancel = self._cancels.pop(raw, None)
-            if cancel is not None and raw.closed:  # closed by psycopg: its statement may still run
-                again = threading.Thread(target=_cancel_again, args=(cancel,), name="boundeddb-cancel")
-                again.daemon = True
-                again.start()
-
-        event.listen(engine.pool, "connect", on_connect)
-        event.listen(engine.pool, "invalidate", on_invalidate)
-        if may_hold_connections(engine.pool):  # made before the runner: met at their next checkout
-            event.listen(engine.pool, "checkout", on_checkout)
 
     def _is_lost(self, orig: BaseException) -> bool:
         code = sqlstate(orig)
