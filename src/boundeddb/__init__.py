@@ -21,6 +21,7 @@ from ._autolimit import AutoLimit
 from ._batch import BatchPolicy
 from ._errors import (
     BoundedDBError,
+    LoadFailed,
     RunFailed,
     RunnerBusyElsewhereError,
     RunnerClosedError,
@@ -31,7 +32,7 @@ from ._errors import (
     WorkerStartError,
 )
 from ._journal import Journal
-from ._outcome import Outcome, RunReport
+from ._outcome import LoadReport, Outcome, RejectedRow, RunReport
 from ._pgbouncer import pgbouncer_engine_options
 from ._processes.runner import ProcessRunner
 from ._retry import RetryPolicy, is_transient
@@ -52,8 +53,11 @@ __all__ = [
     "BoundedDBError",
     "ChunkedRunner",
     "Journal",
+    "LoadFailed",
+    "LoadReport",
     "Outcome",
     "ProcessRunner",
+    "RejectedRow",
     "RetryPolicy",
     "RunFailed",
     "RunReport",

@@ -5,6 +5,7 @@
     Exception
      └── BoundedDBError
           ├── RunFailed               (also an ExceptionGroup of the units' own exceptions)
+          ├── LoadFailed              (load() stopped: a refused row with errors="raise", or a failed chunk)
           ├── UnitTimeout             (also a TimeoutError)
           ├── UnitMisuseError         (also a TypeError)
           ├── RunnerClosedError       (also a RuntimeError)
@@ -30,10 +31,11 @@ if sys.version_info < (3, 11):  # pragma: no cover
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ._outcome import RunReport
+    from ._outcome import LoadReport, RunReport
 
 __all__ = [
     "BoundedDBError",
+    "LoadFailed",
     "RunFailed",
     "RunnerBusyElsewhereError",
     "RunnerClosedError",
@@ -87,6 +89,32 @@ class RunFailed(ExceptionGroup[Exception], BoundedDBError):
 
 def _rebuild_run_failed(message: str, exceptions: Sequence[Exception], report: RunReport[Any]) -> RunFailed:
     return RunFailed(message, exceptions, report=report)
+
+
+class LoadFailed(BoundedDBError):
+    """
+    A :meth:`~boundeddb.SemaphoreRunner.load` stopped before its end; its :attr:`report` says what committed.
+
+    It stops at the first refused row with ``errors="raise"`` (that row is in ``report.rejected``),
+    and at a chunk whose transaction failed for any other reason, such as a lost connection once
+    retries ran out, a timeout or a COMMIT whose fate is unknown. The exception that stopped it is
+    its ``__cause__``. Rows of chunks that committed before stay committed; rerun with the same
+    :class:`~boundeddb.Journal` to load only the rest.
+
+    .. versionadded:: 0.3.0
+    """
+
+    def __init__(self, message: str, *, report: LoadReport) -> None:
+        super().__init__(message)
+        #: What the load committed, skipped and rejected before it stopped.
+        self.report = report
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_failed, (self.args[0], self.report))
+
+
+def _load_failed(message: str, report: LoadReport) -> LoadFailed:
+    return LoadFailed(message, report=report)
 
 
 class UnitTimeout(BoundedDBError, TimeoutError):

@@ -104,6 +104,8 @@ class Journal(Generic[ItemT]):
         job: The job's name, at most 255 characters. Runs of one job share their journal rows.
         key: ``key(item)`` names each item within the job: a ``str`` of at most 255 characters, or
             an ``int``. Keys must be unique within a run. ``1`` and ``"1"`` are the same key.
+            ``map()`` needs it; ``load()`` names rows by their input index and takes a journal
+            without one. *Optional since 0.3.0's load().*
         table: The table the rows are kept in. Jobs may share one.
         create_table: Create the table at the first ``map()`` if it does not exist. Pass ``False``
             where the schema is managed by migrations: :meth:`ddl` prints the statement.
@@ -117,13 +119,13 @@ class Journal(Generic[ItemT]):
         self,
         job: str,
         *,
-        key: Callable[[ItemT], str | int],
+        key: Callable[[ItemT], str | int] | None = None,
         table: str = DEFAULT_TABLE,
         create_table: bool = True,
     ) -> None:
         self._job = _check_name(job, "Journal(job=...)", '"recompute-balances"')
         key_fn: object = key
-        if not callable(key_fn):
+        if key_fn is not None and not callable(key_fn):
             msg = (
                 f"Journal(key=...) must be a function of the item, got {key!r}: "
                 "pass e.g. key=lambda item: item.id"
@@ -143,8 +145,8 @@ class Journal(Generic[ItemT]):
         return self._job
 
     @property
-    def key(self) -> Callable[[ItemT], str | int]:
-        """The function that names each item within the job."""
+    def key(self) -> Callable[[ItemT], str | int] | None:
+        """The function that names each item within the job, or None for a ``load()``'s journal."""
         return self._key
 
     @property

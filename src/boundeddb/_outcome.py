@@ -15,7 +15,7 @@ from ._typevars import T
 if TYPE_CHECKING:
     from ._stats import RunStats
 
-__all__ = ["Outcome", "RunReport"]
+__all__ = ["LoadReport", "Outcome", "RejectedRow", "RunReport"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,3 +117,47 @@ class RunReport(Generic[T]):
     def failures(self) -> list[Outcome[T]]:
         """The outcomes of the units that failed, in input order."""
         return [outcome for outcome in self.outcomes if outcome.error is not None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RejectedRow:
+    """
+    A row that :meth:`~boundeddb.SemaphoreRunner.load` did not write, because the database refused it.
+
+    .. versionadded:: 0.3.0
+    """
+
+    #: The row's position in the input, from 0.
+    index: int
+    #: The row as the input gave it.
+    row: object
+    #: Why the database refused it: the SQLAlchemy exception that ``insert()`` would raise for it,
+    #: such as :class:`~sqlalchemy.exc.IntegrityError`, wrapping the driver's with its SQLSTATE or
+    #: error number.
+    error: Exception
+
+
+@dataclasses.dataclass(frozen=True, slots=True, repr=False)
+class LoadReport:
+    """
+    What a :meth:`~boundeddb.SemaphoreRunner.load` wrote: rows committed, skipped and rejected.
+
+    .. versionadded:: 0.3.0
+    """
+
+    #: Rows committed by this call.
+    loaded: int
+    #: Rows not written because the :class:`~boundeddb.Journal` says an earlier call committed them.
+    skipped: int
+    #: Each row the database refused, in input order. None of them was written.
+    rejected: Sequence[RejectedRow]
+    #: Transactions committed: one per chunk of up to ``batch`` rows.
+    transactions: int
+    #: Figures for the whole call; its units are the chunks.
+    stats: RunStats
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(loaded={self.loaded}, skipped={self.skipped}, "
+            f"rejected=<{len(self.rejected)} rows>, transactions={self.transactions})"
+        )

@@ -147,6 +147,13 @@ class Dialect:
         """SQL that makes the server stop any statement of this transaction after ``timeout`` s, if any."""
         return None
 
+    def load_prepare_sql(self, driver_connection: Any) -> str | None:
+        """
+        SQL that a ``load()`` chunk's transaction runs first, if this database needs it before the
+        savepoints that isolate refused rows.
+        """
+        return None
+
     #: The most keys one journal lookup asks for, within the driver's limit on parameters.
     most_keys_looked_up = 500
 

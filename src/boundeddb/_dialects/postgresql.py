@@ -75,6 +75,10 @@ class PostgreSQL(Dialect):
             return True
         return isinstance(error, sa_exc.DBAPIError) and sqlstate(error.orig) in TRANSIENT_SQLSTATES
 
+    def load_prepare_sql(self, driver_connection: Any) -> str:
+        """Deferred constraints checked at the end of each statement: a refused row is found before COMMIT."""
+        return "SET CONSTRAINTS ALL IMMEDIATE"
+
     def statement_timeout_sql(self, timeout: float) -> str:
         milliseconds = max(1, round(timeout * 1000))
         return f"SET LOCAL statement_timeout = {milliseconds}"

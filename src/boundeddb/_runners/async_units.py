@@ -6,16 +6,19 @@ It holds their typed public verbs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
+from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
 from .._arguments import check_priority
+from .._batch import BatchPolicy
 from .._executors.async_session import AsyncSessionExecutor
 from .._journal import Journal
-from .._outcome import Outcome, RunReport
+from .._loads.call import DEFAULT_BATCH
+from .._outcome import LoadReport, Outcome, RunReport
 from .._progress import feedback_request
 from .._typing import AsyncUnit, ItemT, T
 from .base import BaseRunner
@@ -46,7 +49,7 @@ class AsyncUnitsRunner(BaseRunner):
         )
         raise TypeError(msg)
 
-    def _new_executor(self) -> AsyncSessionExecutor:
+    def _new_executor(self, batch: BatchPolicy | None) -> AsyncSessionExecutor:
         return AsyncSessionExecutor(
             self._sessions,
             engine=self._engine,
@@ -55,7 +58,7 @@ class AsyncUnitsRunner(BaseRunner):
             timeout=self._timeout,
             runner=type(self).__name__,
             verify_commits=self._verify_commits,
-            batch=self._batch,
+            batch=batch,
         )
 
     async def run(
@@ -137,6 +140,71 @@ class AsyncUnitsRunner(BaseRunner):
         request = feedback_request(progress, on_outcome, f"{type(self).__name__}.map", items)
         units = self._journalled(fn, items, journal)
         return await self._run_units(units, priority, request=request, journalled=journal is not None)
+
+    async def load(
+        self,
+        target: type[Any] | Table,
+        rows: Iterable[Any] | AsyncIterable[Any],
+        *,
+        columns: Sequence[str] | None = None,
+        batch: int = DEFAULT_BATCH,
+        errors: Literal["collect", "raise"] = "collect",
+        journal: Journal[Any] | None = None,
+        progress: bool | str | Progress = False,
+    ) -> LoadReport:
+        """
+        Write many rows into one table through the database's bulk path, ``batch`` rows per transaction.
+
+        On PostgreSQL with asyncpg or psycopg the rows go through ``COPY``; elsewhere through
+        ``insert(table)`` with many rows, which the drivers send as multi-row ``INSERT`` statements.
+        Each value is stored as ``session.execute(insert(target), rows)`` stores it: Python defaults
+        for missing keys, server defaults for columns no row gives, each type's bind processing.
+        At most :attr:`limit` chunks, so connections, are in flight, and at most about
+        ``limit x batch`` rows are held. The runner's ``batch=`` for units plays no part: each chunk
+        is one transaction. ``timeout=`` bounds each chunk's transaction, and ``retry=`` runs a
+        chunk whose transaction failed with a transient error again. :doc:`/how-to/load` shows an
+        import, and :doc:`/explanation/loads` how refused rows are found.
+
+        Args:
+            target: An ORM mapped class (rows keyed by attribute key) or a Core
+                :class:`~sqlalchemy.schema.Table` (keyed by column key).
+            rows: Iterable or async iterable of mappings, of instances of the mapped class, or of
+                sequences of values in the order of ``columns``. Pulled lazily, one row at a time.
+            columns: The keys of each sequence's values, in order.
+            batch: Rows per transaction.
+            errors: ``"collect"`` rejects each row the database refuses for its data (a
+                constraint, a value it cannot store) alone and goes on: it is in
+                :attr:`LoadReport.rejected <boundeddb.LoadReport.rejected>` and every other row is
+                committed. ``"raise"`` stops at the first refused row, its chunk rolled back, and
+                raises :class:`~boundeddb.LoadFailed`.
+            journal: A :class:`~boundeddb.Journal` without ``key``: each chunk records the input
+                indexes it committed in its own transaction, and a rerun over the same input in the
+                same order skips them (:attr:`LoadReport.skipped <boundeddb.LoadReport.skipped>`)
+                and tries rows rejected earlier again. So each row is loaded exactly once across
+                crashes. :doc:`/explanation/guarantees` says where that ends.
+            progress: As for :meth:`run`; the bar counts chunks, that is transactions.
+
+        Returns:
+            A :class:`~boundeddb.LoadReport`: rows loaded, skipped and rejected.
+
+        Raises:
+            TypeError: ``target`` is not a mapped class or a Table, or a row is of no kind above.
+            ValueError: a row has a key the target does not have, or ``batch`` is below 1, or
+                sequences come without ``columns``. Found among the first ``batch`` rows, nothing was
+                written; later, the chunks before stay committed and the message says how many rows.
+            LoadFailed: ``errors="raise"`` and a row was refused, or a chunk failed for another
+                reason (a lost connection once retries ran out, a timeout, a COMMIT of unknown fate).
+                Its ``report`` says what committed.
+
+        Cancelling the call rolls back the chunks in flight and returns their connections; chunks
+        that committed stay committed.
+
+        .. versionadded:: 0.3.0
+        """
+        return await self._load(
+            target, rows, columns=columns, batch=batch, errors=errors, journal=journal, progress=progress,
+            verb=f"{type(self).__name__}.load",
+        )  # fmt: skip
 
     def stream(
         self,

@@ -8,11 +8,11 @@ the probe of a lost COMMIT.
 from __future__ import annotations
 
 import logging
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import anyio.to_thread
-from sqlalchemy import bindparam
+from sqlalchemy import bindparam, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Connection, Engine
@@ -72,6 +72,20 @@ class JournalRows:
         parameters = (self.job, key) if self._positional else {"job": self.job, "item_key": key}
         session.connection().exec_driver_sql(self._row_sql, parameters)
 
+    async def write_many_async(self, session: AsyncSession, keys: list[str]) -> None:
+        """Insert a row for each of ``keys`` in ``session``'s transaction: a load's committed index runs."""
+        await (await session.connection()).exec_driver_sql(self._row_sql, self._parameters(keys))
+
+    def write_many_sync(self, session: Session, keys: list[str]) -> None:
+        """As :meth:`write_many_async`, on a sync ``session``."""
+        session.connection().exec_driver_sql(self._row_sql, self._parameters(keys))
+
+    def _parameters(self, keys: list[str]) -> list[Any]:
+        job = self.job
+        if self._positional:
+            return [(job, key) for key in keys]
+        return [{"job": job, "item_key": key} for key in keys]
+
     # -- the queries -------------------------------------------------------------------------------
 
     async def done(self, keys: list[str]) -> set[str]:
@@ -85,6 +99,28 @@ class JournalRows:
         """As :meth:`done`, in the calling thread."""
         with self._engine.connect() as connection:
             return self._done_on(connection, keys)
+
+    async def keys_starting(self, prefix: str) -> list[str]:
+        """Every key of the job that starts with ``prefix``: one query, on a connection of the engine."""
+        if self._async_engine is not None:
+            async with self._async_engine.connect() as connection:
+                return await connection.run_sync(self._keys_on, prefix)
+        return await anyio.to_thread.run_sync(self._keys_sync, prefix)
+
+    def _keys_sync(self, prefix: str) -> list[str]:
+        with self._engine.connect() as connection:
+            return self._keys_on(connection, prefix)
+
+    def _keys_on(self, connection: Connection, prefix: str) -> list[str]:
+        if not self._checked:
+            self._check_table(connection)
+        table = self._table
+        query = select(table.c.item_key).where(
+            table.c.job == self.job, table.c.item_key.startswith(prefix, autoescape=True)
+        )
+        keys = [str(key) for key in connection.execute(query).scalars()]
+        connection.rollback()
+        return keys
 
     def _done_on(self, connection: Connection, keys: list[str]) -> set[str]:
         if not self._checked:

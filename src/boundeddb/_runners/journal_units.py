@@ -56,13 +56,19 @@ def map_units(
 
 
 def check_journal(journal: object, runner: str) -> Journal[Any]:
-    """``journal`` if it is a :class:`~boundeddb.Journal`, else a TypeError that says how to make one."""
+    """``journal`` if it is a :class:`~boundeddb.Journal` with a key, else an error that says what to do."""
     if not isinstance(journal, Journal):
         msg = (
             f"journal must be a boundeddb.Journal, got {type(journal).__name__}: pass e.g. "
             f'journal=Journal("my-job", key=lambda item: item.id) to {runner}.map()'
         )
         raise TypeError(msg)
+    if journal.key is None:
+        msg = (
+            f"{runner}.map() names each item by Journal(key=...), and this journal has none: pass e.g. "
+            f"Journal({journal.job!r}, key=lambda item: item.id)"
+        )
+        raise ValueError(msg)
     return journal
 
 
@@ -72,6 +78,8 @@ class JournalCall:
     def __init__(self, journal: Journal[Any], rows: JournalRows, *, async_units: bool) -> None:
         self.journal = journal
         self.job = journal.job
+        assert journal.key is not None, "check_journal() refuses a journal without a key"
+        self._key = journal.key
         self.rows = rows
         #: Keys handed out in this call: a key seen twice is refused, see :meth:`_settle_key`.
         self._seen: set[str] = set()
@@ -186,7 +194,7 @@ class JournalCall:
     def _settle_key(self, item: Any) -> str | Foregone:
         """The item's key as the table keeps it, or its outcome if ``key(item)`` fails or is wrong."""
         try:
-            key = self.journal.key(item)
+            key = self._key(item)
         except Exception as error:  # that item's failure, as the issue of its own unit would be
             return Foregone(error)
         if key.__class__ is str:

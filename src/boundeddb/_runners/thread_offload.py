@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, final
 
+from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -14,7 +15,8 @@ from .._autolimit import AutoLimit
 from .._batch import BatchPolicy
 from .._executors.threads import ThreadExecutor
 from .._journal import Journal
-from .._outcome import Outcome, RunReport
+from .._loads.call import DEFAULT_BATCH
+from .._outcome import LoadReport, Outcome, RunReport
 from .._progress import feedback_request
 from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
@@ -115,7 +117,7 @@ class ThreadOffloadRunner(BaseRunner):
         """Refuse new work from now on: the sync twin of :meth:`aclose`."""
         self._close()
 
-    def _new_executor(self) -> ThreadExecutor:
+    def _new_executor(self, batch: BatchPolicy | None) -> ThreadExecutor:
         return ThreadExecutor(
             self._sessions,
             engine=self._engine,
@@ -125,7 +127,7 @@ class ThreadOffloadRunner(BaseRunner):
             timeout=self._timeout,
             max_threads=self._max_limit,
             verify_commits=self._verify_commits,
-            batch=self._batch,
+            batch=batch,
         )
 
     # -- the public verbs ---------------------------------------------------------------------------
@@ -169,6 +171,56 @@ class ThreadOffloadRunner(BaseRunner):
         check_now(BoundItem(fn, None), 0, self._executor.check)  # one function for all items: check it now
         request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.map", items)
         return await self._run_units(units, priority, request=request, journalled=journal is not None)
+
+    async def load(
+        self,
+        target: type[Any] | Table,
+        rows: Iterable[Any] | AsyncIterable[Any],
+        *,
+        columns: Sequence[str] | None = None,
+        batch: int = DEFAULT_BATCH,
+        errors: Literal["collect", "raise"] = "collect",
+        journal: Journal[Any] | None = None,
+        progress: bool | str | Progress = False,
+    ) -> LoadReport:
+        """
+        Write many rows into one table, as :meth:`boundeddb.SemaphoreRunner.load` does, in worker threads.
+
+        Each chunk is written in a worker thread, on a sync driver's bulk path (psycopg 3's
+        ``COPY``). A plain iterable of rows is pulled by the worker threads themselves, one thread
+        at a time; an async iterable on the event loop. It works under asyncio and trio.
+
+        .. versionadded:: 0.3.0
+        """
+        return await self._load(
+            target, rows, columns=columns, batch=batch, errors=errors, journal=journal, progress=progress,
+            verb="ThreadOffloadRunner.load",
+        )  # fmt: skip
+
+    def load_sync(
+        self,
+        target: type[Any] | Table,
+        rows: Iterable[Any],
+        *,
+        columns: Sequence[str] | None = None,
+        batch: int = DEFAULT_BATCH,
+        errors: Literal["collect", "raise"] = "collect",
+        journal: Journal[Any] | None = None,
+        progress: bool | str | Progress = False,
+    ) -> LoadReport:
+        """
+        :meth:`load` for plain sync code: it blocks until every row is written or rejected.
+
+        Ctrl-C cancels it as it cancels :meth:`run_sync`: chunks in flight are rolled back.
+
+        .. versionadded:: 0.3.0
+        """
+        call = partial(
+            self._load, target, rows, columns=columns, batch=batch, errors=errors, journal=journal,
+            progress=progress, verb="ThreadOffloadRunner.load_sync", measure_loop_lag=False,
+        )  # fmt: skip
+        report: LoadReport = run_blocking(call, "load_sync", "await runner.load(target, rows)")
+        return report
 
     def stream(
         self,

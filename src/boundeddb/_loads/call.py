@@ -1,0 +1,149 @@
+"""
+One ``load()`` call: its arguments checked, its chunks made (after the journal's lookup), and its
+outcomes turned into a :class:`~boundeddb.LoadReport`.
+
+:doc:`/explanation/loads` tells how a load works; the runners add only the verb.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterable, Iterable
+from typing import Any, Final
+
+from sqlalchemy.engine import Engine
+
+from .._arguments import checked_iterable
+from .._core.run import Run
+from .._dialects import Dialect
+from .._dialects.bulk import bulk_writer
+from .._errors import LoadFailed
+from .._outcome import LoadReport, Outcome, RejectedRow
+from .._stats import RunStats
+from .chunks import AsyncChunkUnit, ChunkMaker, ChunkResult, ChunkSettings, FirstRefused, SyncChunkUnit
+from .ranges import KEY_PREFIX, IndexRanges
+from .target import load_target
+
+__all__ = ["DEFAULT_BATCH", "LoadCall"]
+
+#: Rows per transaction unless ``batch=`` says otherwise: see :doc:`/how-to/load`.
+DEFAULT_BATCH: Final = 5000
+
+
+def check_load_batch(batch: object) -> int:
+    """``batch`` if it is an int of at least 1, else an error that names it."""
+    if isinstance(batch, bool) or not isinstance(batch, int):
+        msg = (
+            f"batch must be an int, the rows per transaction, got {batch!r}: pass e.g. batch={DEFAULT_BATCH}"
+        )
+        raise TypeError(msg)
+    if batch < 1:
+        msg = f"batch must be at least 1, the rows per transaction, got {batch}: pass e.g. batch=5000"
+        raise ValueError(msg)
+    return batch
+
+
+def check_load_errors(errors: object) -> bool:
+    """Whether ``errors`` asks to stop at the first refused row: ``"raise"``; ``"collect"`` is the default."""
+    if errors not in ("collect", "raise"):
+        msg = f'errors must be "collect" or "raise", got {errors!r}'
+        raise ValueError(msg)
+    return errors == "raise"
+
+
+class LoadCall:
+    """What one ``load()`` call shares: its target, its writer, its journal and its chunks."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        dialect: Dialect,
+        target: object,
+        rows: object,
+        *,
+        columns: object,
+        batch: object,
+        errors: object,
+        journal: Any,
+        async_units: bool,
+    ) -> None:
+        """Check every argument before any database work. ``journal``: the runner's JournalRows, or None."""
+        self._target, names = load_target(target, columns)
+        self._batch = check_load_batch(batch)
+        raise_first = check_load_errors(errors)
+        self._rows = checked_iterable(rows, "rows")
+        self._rows_total = len(self._rows) if hasattr(self._rows, "__len__") else None  # type: ignore[arg-type]
+        #: The journal's rows (``JournalRows``), made by the runner from ``journal=``, or None.
+        self._journal = journal
+        writer = bulk_writer(engine.dialect, self._target.needs_insert is not None)
+        settings = ChunkSettings(self._target, writer, self._journal, dialect, raise_first=raise_first)
+        self._settings = settings
+        self._names = names
+        self._engine = engine
+        self._writer = writer
+        self._unit_type = AsyncChunkUnit if async_units else SyncChunkUnit
+        self._maker: ChunkMaker | None = None
+
+    @property
+    def chunks_total(self) -> range | None:
+        """As many items as the call has chunks, if the rows have a length: the progress bar's total."""
+        return None if self._rows_total is None else range(math.ceil(self._rows_total / self._batch))
+
+    async def units(self) -> Iterable[Any] | AsyncIterable[Any]:
+        """The call's chunk units, pulled lazily, once the journal said which rows committed before."""
+        done = IndexRanges()
+        if self._journal is not None:
+            done = IndexRanges.from_keys(await self._journal.keys_starting(KEY_PREFIX))
+        maker = self._maker = ChunkMaker(
+            self._target, self._names, self._batch, self._writer, self._engine.dialect, done, self._unit_type,
+            self._settings,
+        )  # fmt: skip
+        rows = self._rows
+        if isinstance(rows, AsyncIterable):
+            return maker.chunks_async(rows)
+        return maker.chunks(rows)
+
+    def report(self, outcomes: list[Outcome[Any]], stats: RunStats, run: Run[Any]) -> LoadReport:
+        """The call's report, or the error that stopped it, raised with the report of what committed."""
+        loaded = transactions = 0
+        rejected: list[RejectedRow] = []
+        first_failure: Outcome[Any] | None = None
+        for outcome in outcomes:
+            value = outcome.value
+            if isinstance(value, ChunkResult):
+                loaded += value.loaded
+                rejected.extend(value.rejected)
+                transactions += 1
+            elif outcome.error is not None:
+                if isinstance(outcome.error, FirstRefused):
+                    rejected.append(outcome.error.rejected)
+                if first_failure is None:
+                    first_failure = outcome
+        rejected.sort(key=lambda row: row.index)
+        skipped = 0 if self._maker is None else self._maker.skipped
+        report = LoadReport(loaded, skipped, rejected, transactions, stats)
+        if run.input_error is not None:
+            stopped = run.input_error
+            if isinstance(stopped, (ValueError, TypeError)) and loaded:
+                msg = f"{stopped} ({loaded} rows of earlier chunks were committed before it was found)"
+                raise type(stopped)(msg) from stopped
+            raise stopped
+        if run.misuse is not None:
+            raise run.misuse
+        if first_failure is not None:
+            error = first_failure.error
+            assert error is not None
+            if isinstance(error, FirstRefused):
+                first = error.rejected
+                msg = (
+                    f'row {first.index} was refused ({type(first.error).__name__}) and errors="raise": '
+                    f"{loaded} rows committed"
+                )
+                raise LoadFailed(msg, report=report) from first.error
+            what = "its COMMIT's fate is unknown" if first_failure.commit_unknown else type(error).__name__
+            msg = (
+                f"the load stopped: a chunk of rows failed ({what}): {loaded} rows committed; "
+                "rerun with the same journal to load the rest"
+            )
+            raise LoadFailed(msg, report=report) from error
+        return report

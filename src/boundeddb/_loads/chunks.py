@@ -1,0 +1,267 @@
+"""
+A ``load()``'s chunks: rows pulled lazily into chunks of up to ``batch``, each written in a
+transaction of its own by a unit that finds and rejects the rows the database refuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from .._core.rejects import Attempt, RowSearch
+from .._dialects import Dialect
+from .._dialects.bulk import BulkWriter, Refused
+from .._outcome import RejectedRow
+from .ranges import IndexRanges
+from .target import LoadTarget, Shape
+
+__all__ = ["Chunk", "ChunkMaker", "ChunkResult", "FirstRefused"]
+
+
+class FirstRefused(Exception):
+    """A refused row with ``errors="raise"``: its chunk rolls back and the load stops."""
+
+    def __init__(self, rejected: RejectedRow) -> None:
+        super().__init__(rejected.index, rejected.error)
+        self.rejected = rejected
+
+
+class ChunkResult:
+    """What a chunk's transaction committed: how many rows, and which it rejected."""
+
+    __slots__ = ("loaded", "rejected", "sent")
+
+    def __init__(self, loaded: int, rejected: list[RejectedRow], sent: int) -> None:
+        self.loaded = loaded
+        self.rejected = rejected
+        #: Rows sent to the database over all attempts: ``loaded`` when none was refused.
+        self.sent = sent
+
+
+class Chunk:
+    """Up to ``batch`` rows: their input indexes, the rows as given, and what the bulk statement sends."""
+
+    __slots__ = ("data", "indexes", "rows", "segments")
+
+    def __init__(self) -> None:
+        self.indexes: list[int] = []
+        self.rows: list[Any] = []
+        #: Each row's record (or ``insert()`` parameters), in the order of the chunk.
+        self.data: list[Any] = []
+        #: Runs of rows of one shape: ``(shape, start, stop)`` offsets in the chunk.
+        self.segments: list[tuple[Shape, int, int]] = []
+
+    def pieces(self, attempt: Attempt) -> Iterator[tuple[Shape, int, int]]:
+        """The segments of ``attempt``'s rows: one statement each."""
+        for shape, start, stop in self.segments:
+            if stop > attempt.start and start < attempt.stop:
+                yield shape, max(start, attempt.start), min(stop, attempt.stop)
+
+    def result(self, search: RowSearch, journal: Any, session: Any) -> tuple[ChunkResult, list[str]]:
+        """The chunk's result once ``search`` ended, and the journal keys of the index runs it committed."""
+        rejected = [
+            RejectedRow(self.indexes[offset], self.rows[offset], error) for offset, error in search.rejected
+        ]
+        rejected.sort(key=lambda row: row.index)
+        keys: list[str] = []
+        if journal is not None:
+            refused = {offset for offset, _ in search.rejected}
+            committed = (index for offset, index in enumerate(self.indexes) if offset not in refused)
+            keys = IndexRanges.keys_of(committed)
+        return ChunkResult(len(self.rows) - len(rejected), rejected, search.sent), keys
+
+
+class ChunkMaker:
+    """Turns rows into :class:`Chunk` units, skipping those a journal says committed."""
+
+    def __init__(
+        self,
+        target: LoadTarget,
+        columns: tuple[str, ...] | None,
+        batch: int,
+        writer: BulkWriter,
+        dialect: Any,
+        done: IndexRanges,
+        unit_type: type[ChunkUnit],
+        settings: ChunkSettings,
+    ) -> None:
+        self._target = target
+        self._columns = columns
+        self._batch = batch
+        self._writer = writer
+        self._dialect = dialect
+        self._done = done
+        self._unit_type = unit_type
+        self._settings = settings
+        self._shapes: dict[tuple[str, ...], Shape] = {}
+        #: Rows skipped because the journal says they committed.
+        self.skipped = 0
+
+    def _shape(self, keys: tuple[str, ...], index: int) -> Shape:
+        shape = self._shapes.get(keys)
+        if shape is None:
+            self._target.check_keys(keys, f"row {index}")
+            shape = self._shapes[keys] = Shape(
+                keys, self._target, self._dialect, process=self._writer.takes_records
+            )
+        return shape
+
+    def _add(self, chunk: Chunk, index: int, row: Any) -> None:
+        keys, values = self._target.keys_of(row, self._columns, index)
+        shape = self._shape(keys, index)
+        offset = len(chunk.rows)
+        chunk.indexes.append(index)
+        chunk.rows.append(row)
+        chunk.data.append(shape.record(values) if self._writer.takes_records else shape.parameters(values))
+        segments = chunk.segments
+        if segments and segments[-1][0] is shape:
+            segments[-1] = (shape, segments[-1][1], offset + 1)
+        else:
+            segments.append((shape, offset, offset + 1))
+
+    def chunks(self, rows: Iterable[Any]) -> Iterator[ChunkUnit]:
+        """The units of ``rows``, pulled one at a time as each chunk fills."""
+        chunk, done = Chunk(), self._done
+        for index, row in enumerate(rows):
+            if done.holds(index):
+                self.skipped += 1
+                continue
+            self._add(chunk, index, row)
+            if len(chunk.rows) == self._batch:
+                yield self._unit_type(chunk, self._settings)
+                chunk = Chunk()
+        if chunk.rows:
+            yield self._unit_type(chunk, self._settings)
+
+    async def chunks_async(self, rows: AsyncIterable[Any]) -> AsyncIterator[ChunkUnit]:
+        """As :meth:`chunks`, for an async iterable."""
+        chunk, done, index = Chunk(), self._done, -1
+        async for row in rows:
+            index += 1
+            if done.holds(index):
+                self.skipped += 1
+                continue
+            self._add(chunk, index, row)
+            if len(chunk.rows) == self._batch:
+                yield self._unit_type(chunk, self._settings)
+                chunk = Chunk()
+        if chunk.rows:
+            yield self._unit_type(chunk, self._settings)
+
+
+class ChunkSettings:
+    """What every chunk unit of a call shares: where and how it writes, and what it does with a bad row."""
+
+    __slots__ = ("dialect", "journal", "raise_first", "table", "writer")
+
+    def __init__(
+        self, target: LoadTarget, writer: BulkWriter, journal: Any, dialect: Dialect, *, raise_first: bool
+    ) -> None:
+        self.table = target.table
+        self.writer = writer
+        #: The call's ``JournalRows``, or None.
+        self.journal = journal
+        #: The database's facts: what each chunk's transaction runs first.
+        self.dialect = dialect
+        self.raise_first = raise_first
+
+
+class ChunkUnit:
+    """A unit that writes one chunk in its session's transaction."""
+
+    __slots__ = ("chunk", "settings")
+
+    def __init__(self, chunk: Chunk, settings: ChunkSettings) -> None:
+        self.chunk = chunk
+        self.settings = settings
+
+    def _refused(self, search: RowSearch, attempt: Attempt, refusal: Refused, start: int) -> None:
+        """Tell ``search`` of a refusal in the piece of ``attempt`` that began at ``start``."""
+        line = None if refusal.line is None else start - attempt.start + refusal.line
+        if self.settings.raise_first:
+            size = attempt.stop - attempt.start
+            offset = attempt.start + line - 1 if line is not None and 1 <= line <= size else None
+            if offset is None and size == 1:
+                offset = attempt.start
+            if offset is not None:  # the first refused row: found without a search
+                chunk = self.chunk
+                raise FirstRefused(RejectedRow(chunk.indexes[offset], chunk.rows[offset], refusal.error))
+        search.refused(attempt, refusal.error, line)
+
+
+class AsyncChunkUnit(ChunkUnit):
+    """A :class:`ChunkUnit` on an ``AsyncSession``."""
+
+    __slots__ = ()
+
+    def __call__(self, session: AsyncSession) -> Any:
+        return self._write(session)
+
+    async def _write(self, session: AsyncSession) -> ChunkResult:
+        settings, chunk = self.settings, self.chunk
+        connection = await session.connection()
+        prepare = settings.dialect.load_prepare_sql((await connection.get_raw_connection()).driver_connection)
+        if prepare is not None:
+            await connection.exec_driver_sql(prepare)
+        search = RowSearch(len(chunk.rows))
+        write, table, data = settings.writer.write_async, settings.table, chunk.data
+        while (attempt := search.next()) is not None:
+            savepoint = await connection.begin_nested()
+            try:
+                for shape, start, stop in chunk.pieces(attempt):
+                    try:
+                        await write(connection, table, shape.names, data[start:stop])
+                    except Refused as refusal:
+                        await savepoint.rollback()
+                        self._refused(search, attempt, refusal, start)
+                        break
+                else:
+                    await savepoint.commit()
+                    search.loaded(attempt)
+            except BaseException:
+                if savepoint.is_active:
+                    await savepoint.rollback()
+                raise
+        result, keys = chunk.result(search, settings.journal, session)
+        if keys:
+            await settings.journal.write_many_async(session, keys)
+        return result
+
+
+class SyncChunkUnit(ChunkUnit):
+    """A :class:`ChunkUnit` on a sync ``Session``, in a worker thread."""
+
+    __slots__ = ()
+
+    def __call__(self, session: Session) -> ChunkResult:
+        settings, chunk = self.settings, self.chunk
+        connection = session.connection()
+        prepare = settings.dialect.load_prepare_sql(connection.connection.driver_connection)
+        if prepare is not None:
+            connection.exec_driver_sql(prepare)
+        search = RowSearch(len(chunk.rows))
+        write, table, data = settings.writer.write_sync, settings.table, chunk.data
+        while (attempt := search.next()) is not None:
+            savepoint = connection.begin_nested()
+            try:
+                for shape, start, stop in chunk.pieces(attempt):
+                    try:
+                        write(connection, table, shape.names, data[start:stop])
+                    except Refused as refusal:
+                        savepoint.rollback()
+                        self._refused(search, attempt, refusal, start)
+                        break
+                else:
+                    savepoint.commit()
+                    search.loaded(attempt)
+            except BaseException:
+                if savepoint.is_active:
+                    savepoint.rollback()
+                raise
+        result, keys = chunk.result(search, settings.journal, session)
+        if keys:
+            settings.journal.write_many_sync(session, keys)
+        return result

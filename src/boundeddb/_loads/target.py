@@ -1,0 +1,190 @@
+"""
+What ``load()`` writes into: its table, the keys its rows may have, and each row turned into the
+values the driver takes, as ``session.execute(insert(target), rows)`` would turn it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Column, Table
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.engine import Dialect as SADialect
+from sqlalchemy.orm import Mapper
+
+__all__ = ["LoadTarget", "Shape", "load_target"]
+
+
+class _DefaultContext:
+    """What a Python column default that takes a context sees: the row's values, by column key."""
+
+    __slots__ = ("current_parameters",)
+
+    def __init__(self, parameters: dict[str, Any]) -> None:
+        self.current_parameters = parameters
+
+    def get_current_parameters(self, isolate_multiinsert_groups: bool = True) -> dict[str, Any]:
+        return self.current_parameters
+
+
+class Shape:
+    """
+    Rows with one set of keys, in one order: the columns they fill, and how each row's values become
+    the record the bulk statement sends (Python defaults added, each type's bind processing done).
+    """
+
+    __slots__ = ("_defaults", "_processors", "columns", "keys", "names")
+
+    def __init__(
+        self, keys: tuple[str, ...], target: LoadTarget, dialect: SADialect, *, process: bool
+    ) -> None:
+        given = [target.columns[key] for key in keys]
+        defaulted = [column for column in target.defaulted if column.key not in {c.key for c in given}]
+        #: The input keys, in the rows' order.
+        self.keys = keys
+        #: The columns filled, given ones first: what a statement of this shape names.
+        self.columns: list[Column[Any]] = given + defaulted if process else given
+        self.names = [column.name for column in self.columns]
+        self._defaults = [column.default for column in defaulted] if process else []
+        processors: list[tuple[int, Callable[[Any], Any]]] = []
+        if process:
+            for position, column in enumerate(self.columns):
+                processor = column.type.dialect_impl(dialect).bind_processor(dialect)
+                if processor is not None:
+                    processors.append((position, processor))
+        self._processors = processors
+
+    def record(self, values: Sequence[Any]) -> tuple[Any, ...]:
+        """The record of a row whose values, in :attr:`keys` order, are ``values``."""
+        if not self._defaults and not self._processors:
+            return tuple(values)
+        record = list(values)
+        if self._defaults:
+            context: _DefaultContext | None = None
+            for default in self._defaults:
+                assert default is not None
+                if default.is_callable:  # a CallableColumnDefault, else a ScalarElementColumnDefault
+                    if context is None:
+                        context = _DefaultContext(
+                            {c.key: v for c, v in zip(self.columns, record, strict=False)}
+                        )
+                    record.append(default.arg(context))  # type: ignore[attr-defined]
+                else:
+                    record.append(default.arg)  # type: ignore[attr-defined]
+        for position, processor in self._processors:
+            record[position] = processor(record[position])
+        return tuple(record)
+
+    def parameters(self, values: Sequence[Any]) -> dict[str, Any]:
+        """The row's parameters for ``insert()``, by column key: SQLAlchemy adds defaults and processes."""
+        return {column.key: value for column, value in zip(self.columns, values, strict=True)}
+
+
+class LoadTarget:
+    """A mapped class or a Table that ``load()`` writes rows into."""
+
+    def __init__(self, table: Table, columns: dict[str, Any], mapped: type | None, what: str) -> None:
+        self.table = table
+        #: Each key a row may have, and its column: attribute keys of a mapped class, else column keys.
+        self.columns = columns
+        #: The mapped class whose instances may be rows, if the target is one.
+        self.mapped = mapped
+        #: How messages name the target.
+        self.what = what
+        #: Columns with a Python default: a row without them gets it, as ``insert()`` gives it.
+        self.defaulted = [c for c in table.columns if c.default is not None and not _is_sql_default(c)]
+        #: Why the bulk path cannot store this target's rows as ``insert()`` does, if it cannot.
+        self.needs_insert = next(
+            (
+                f"the column {c.name!r} has a Python-side default that is a SQL expression or a Sequence"
+                for c in table.columns
+                if c.default is not None and _is_sql_default(c)
+            ),
+            None,
+        )
+
+    def keys_of(
+        self, row: Any, columns: tuple[str, ...] | None, index: int
+    ) -> tuple[tuple[str, ...], Sequence[Any]]:
+        """A row's keys, and its values in their order: a mapping, a mapped instance, or a sequence."""
+        if isinstance(row, Mapping):
+            return tuple(row), tuple(row.values())
+        if self.mapped is not None and isinstance(row, self.mapped):
+            state = sa_inspect(row).dict
+            keys = tuple(key for key in self.columns if key in state)
+            return keys, tuple(state[key] for key in keys)
+        if isinstance(row, (tuple, list)):
+            if columns is None:
+                msg = (
+                    f"row {index} is a {type(row).__name__}, which needs columns=: pass the keys of its "
+                    f'values in order, e.g. load({self.what}, rows, columns=["email", "name"])'
+                )
+                raise ValueError(msg)
+            if len(row) != len(columns):
+                msg = (
+                    f"row {index} has {len(row)} values for the {len(columns)} columns= keys {list(columns)}"
+                )
+                raise ValueError(msg)
+            return columns, row
+        msg = (
+            f"row {index} is {type(row).__name__}: load() takes mappings, "
+            f"{'instances of the mapped class, ' if self.mapped is not None else ''}or sequences in the "
+            "order of columns="
+        )
+        raise TypeError(msg)
+
+    def check_keys(self, keys: tuple[str, ...], where: str) -> None:
+        """Raise a ValueError naming the first of ``keys`` the target does not have, and ``where``."""
+        for key in keys:
+            if key not in self.columns:
+                msg = (
+                    f"{where} has the key {key!r}, which {self.what} does not have: its keys are "
+                    f"{sorted(self.columns)}"
+                )
+                raise ValueError(msg)
+
+
+def _is_sql_default(column: Column[Any]) -> bool:
+    default = column.default
+    return bool(getattr(default, "is_sequence", False) or getattr(default, "is_clause_element", False))
+
+
+def load_target(target: object, columns: object) -> tuple[LoadTarget, tuple[str, ...] | None]:
+    """The :class:`LoadTarget` of ``target``, and ``columns`` checked against it."""
+    if isinstance(target, Table):
+        loaded = LoadTarget(target, {c.key: c for c in target.columns}, None, f"the table {target.name!r}")
+    else:
+        mapper: object = sa_inspect(target, raiseerr=False) if isinstance(target, type) else None
+        if not isinstance(mapper, Mapper):
+            msg = (
+                f"target must be an ORM mapped class or a sqlalchemy Table, got {target!r}: pass e.g. "
+                "load(Customer, rows) or load(customers_table, rows)"
+            )
+            raise TypeError(msg)
+        table: Any = mapper.local_table  # a Join or a subquery for some mappings
+        if not isinstance(table, Table) or (
+            mapper.inherits is not None and mapper.inherits.local_table is not table
+        ):
+            msg = (
+                f"target {mapper.class_.__name__} is mapped to more than one table: load() writes one "
+                "table; pass the Table of the rows, e.g. load(Manager.__table__, rows)"
+            )
+            raise TypeError(msg)
+        keys = {
+            prop.key: prop.columns[0]
+            for prop in mapper.column_attrs
+            if len(prop.columns) == 1 and prop.columns[0].table is table
+        }
+        loaded = LoadTarget(table, keys, mapper.class_, mapper.class_.__name__)
+    if columns is None:
+        return loaded, None
+    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
+        msg = f'columns must be a list of keys, got {columns!r}: pass e.g. columns=["email", "name"]'
+        raise TypeError(msg)
+    names = tuple(str(name) for name in columns)
+    loaded.check_keys(names, "columns=")
+    if len(set(names)) != len(names):
+        msg = f"columns names a key twice: {list(names)}"
+        raise ValueError(msg)
+    return loaded, names
