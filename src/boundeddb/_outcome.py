@@ -15,7 +15,7 @@ from ._typevars import T
 if TYPE_CHECKING:
     from ._stats import RunStats
 
-__all__ = ["LoadReport", "Outcome", "RejectedRow", "RunReport"]
+__all__ = ["ChunkResult", "LoadReport", "Outcome", "RejectedRow", "RunReport"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +117,18 @@ class RunReport(Generic[T]):
     def failures(self) -> list[Outcome[T]]:
         """The outcomes of the units that failed, in input order."""
         return [outcome for outcome in self.outcomes if outcome.error is not None]
+
+
+class ChunkResult:
+    """What a chunk's transaction committed: how many rows, and which it rejected."""
+
+    __slots__ = ("loaded", "rejected", "sent")
+
+    def __init__(self, loaded: int, rejected: list[RejectedRow], sent: int) -> None:
+        self.loaded = loaded
+        self.rejected = rejected
+        #: Rows sent to the database over all attempts: ``loaded`` when none was refused.
+        self.sent = sent
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

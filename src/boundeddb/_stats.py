@@ -148,6 +148,14 @@ class RunnerStatistics:
     #:
     #: .. versionadded:: 0.3.0
     skipped: int = 0
+    #: Rows that ``load()`` committed since the runner was made, counted as each chunk settles.
+    #:
+    #: .. versionadded:: 0.3.0
+    rows_loaded: int = 0
+    #: Rows that ``load()`` rejected, refused by the database, since the runner was made.
+    #:
+    #: .. versionadded:: 0.3.0
+    rows_rejected: int = 0
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:

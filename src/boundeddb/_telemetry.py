@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._outcome import Outcome
+from ._outcome import ChunkResult, Outcome
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -150,6 +150,11 @@ class Telemetry:
             unit="{unit}",
             description="Units in each batch transaction that committed (batch=)",
             explicit_bucket_boundaries_advisory=BATCH_BUCKETS,
+        )
+        self.rows = meter.create_counter(
+            "boundeddb.load.rows",
+            unit="{row}",
+            description="Rows that load() committed or rejected, by boundeddb.outcome",
         )
         self.retries = meter.create_counter(
             "boundeddb.unit.retries", unit="{attempt}", description="Attempts of units after their first"
@@ -298,9 +303,13 @@ class CallTelemetry:
             kind = "commit_unknown" if outcome.commit_unknown else "error"
         else:
             kind = "skipped" if outcome.skipped else "ok"
+        rows = outcome.value if isinstance(outcome.value, ChunkResult) else None
         if telemetry.metrics:
             telemetry.duration.record(outcome.latency_s, {**self._attributes, "boundeddb.outcome": kind})
             telemetry.wait.record(outcome.wait_s, self._wait_attributes)
+            if rows is not None:
+                telemetry.rows.add(rows.loaded, {**self._attributes, "boundeddb.outcome": "loaded"})
+                telemetry.rows.add(len(rows.rejected), {**self._attributes, "boundeddb.outcome": "rejected"})
         if not self._traced:
             if outcome.attempts > 1 and telemetry.metrics:  # its retries were in another process
                 telemetry.retries.add(outcome.attempts - 1, self._attributes)
@@ -317,6 +326,10 @@ class CallTelemetry:
                 "boundeddb.outcome": kind,
             }
         )
+        if rows is not None:  # a load() chunk's transaction
+            span.set_attributes(
+                {"boundeddb.load.rows": rows.loaded, "boundeddb.load.rejected": len(rows.rejected)}
+            )
         if error is not None:
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))

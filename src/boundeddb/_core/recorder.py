@@ -100,6 +100,8 @@ class Recorder(NullRecorder):
         "loop_lag",
         "peak_in_flight",
         "retried",
+        "rows_loaded",
+        "rows_rejected",
         "skipped",
         "started",
         "submitted",
@@ -118,6 +120,8 @@ class Recorder(NullRecorder):
         self.batches_committed = 0
         self.units_rerun = 0
         self.skipped = 0
+        self.rows_loaded = 0
+        self.rows_rejected = 0
         self.wait_s = 0.0
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -127,6 +131,12 @@ class Recorder(NullRecorder):
         self.checkouts = checkouts
         self.started = perf_counter()
         self._lock = threading.Lock()
+
+    def rows_written(self, loaded: int, rejected: int) -> None:
+        """A ``load()`` chunk committed ``loaded`` rows and rejected ``rejected``."""
+        with self._lock:
+            self.rows_loaded += loaded
+            self.rows_rejected += rejected
 
     def unit_started(self) -> None:
         with self._lock:
@@ -221,6 +231,8 @@ _COUNTED = (
     "batches_committed",
     "units_rerun",
     "skipped",
+    "rows_loaded",
+    "rows_rejected",
 )
 
 
@@ -283,6 +295,8 @@ class Totals:
             "batches_committed",
             "units_rerun",
             "skipped",
+            "rows_loaded",
+            "rows_rejected",
         )
         return {
             name: figure if name == "slot_wait_s" else int(figure)

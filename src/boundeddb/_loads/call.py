@@ -8,19 +8,20 @@ outcomes turned into a :class:`~boundeddb.LoadReport`.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any, Final
 
 from sqlalchemy.engine import Engine
 
 from .._arguments import checked_iterable
+from .._core.recorder import Recorder
 from .._core.run import Run
 from .._dialects import Dialect
 from .._dialects.bulk import bulk_writer
 from .._errors import LoadFailed
-from .._outcome import LoadReport, Outcome, RejectedRow
+from .._outcome import ChunkResult, LoadReport, Outcome, RejectedRow
 from .._stats import RunStats
-from .chunks import AsyncChunkUnit, ChunkMaker, ChunkResult, ChunkSettings, FirstRefused, SyncChunkUnit
+from .chunks import AsyncChunkUnit, ChunkMaker, ChunkSettings, FirstRefused, SyncChunkUnit
 from .ranges import KEY_PREFIX, IndexRanges
 from .target import load_target
 
@@ -102,6 +103,17 @@ class LoadCall:
         if isinstance(rows, AsyncIterable):
             return maker.chunks_async(rows)
         return maker.chunks(rows)
+
+    @staticmethod
+    def counter(recorder: Recorder) -> Callable[[Outcome[Any]], None]:
+        """What counts each settled chunk's rows in ``recorder``, on the event loop."""
+
+        def count(outcome: Outcome[Any]) -> None:
+            value = outcome.value
+            if isinstance(value, ChunkResult):
+                recorder.rows_written(value.loaded, len(value.rejected))
+
+        return count
 
     def report(self, outcomes: list[Outcome[Any]], stats: RunStats, run: Run[Any]) -> LoadReport:
         """The call's report, or the error that stopped it, raised with the report of what committed."""

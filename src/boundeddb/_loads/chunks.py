@@ -5,7 +5,8 @@ transaction of its own by a unit that finds and rejects the rows the database re
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -14,11 +15,11 @@ from sqlalchemy.orm import Session
 from .._core.rejects import Attempt, RowSearch
 from .._dialects import Dialect
 from .._dialects.bulk import BulkWriter, Refused
-from .._outcome import RejectedRow
+from .._outcome import ChunkResult, RejectedRow
 from .ranges import IndexRanges
 from .target import LoadTarget, Shape
 
-__all__ = ["Chunk", "ChunkMaker", "ChunkResult", "FirstRefused"]
+__all__ = ["Chunk", "ChunkMaker", "FirstRefused"]
 
 
 class FirstRefused(Exception):
@@ -29,34 +30,25 @@ class FirstRefused(Exception):
         self.rejected = rejected
 
 
-class ChunkResult:
-    """What a chunk's transaction committed: how many rows, and which it rejected."""
-
-    __slots__ = ("loaded", "rejected", "sent")
-
-    def __init__(self, loaded: int, rejected: list[RejectedRow], sent: int) -> None:
-        self.loaded = loaded
-        self.rejected = rejected
-        #: Rows sent to the database over all attempts: ``loaded`` when none was refused.
-        self.sent = sent
-
-
 class Chunk:
     """Up to ``batch`` rows: their input indexes, the rows as given, and what the bulk statement sends."""
 
-    __slots__ = ("data", "indexes", "rows", "segments")
+    __slots__ = ("data", "indexes", "rows", "runs")
 
-    def __init__(self) -> None:
-        self.indexes: list[int] = []
-        self.rows: list[Any] = []
+    def __init__(self, rows: list[Any], indexes: Sequence[int]) -> None:
+        self.rows = rows
+        #: Each row's input index.
+        self.indexes = indexes
         #: Each row's record (or ``insert()`` parameters), in the order of the chunk.
         self.data: list[Any] = []
-        #: Runs of rows of one shape: ``(shape, start, stop)`` offsets in the chunk.
-        self.segments: list[tuple[Shape, int, int]] = []
+        #: Where each run of rows of one shape starts: ``(shape, offset)``, in order.
+        self.runs: list[tuple[Shape, int]] = []
 
     def pieces(self, attempt: Attempt) -> Iterator[tuple[Shape, int, int]]:
-        """The segments of ``attempt``'s rows: one statement each."""
-        for shape, start, stop in self.segments:
+        """``(shape, start, stop)`` of each run of ``attempt``'s rows: one statement each."""
+        runs, end = self.runs, len(self.rows)
+        for position, (shape, start) in enumerate(runs):
+            stop = runs[position + 1][1] if position + 1 < len(runs) else end
             if stop > attempt.start and start < attempt.stop:
                 yield shape, max(start, attempt.start), min(stop, attempt.stop)
 
@@ -101,6 +93,7 @@ class ChunkMaker:
         self.skipped = 0
 
     def _shape(self, keys: tuple[str, ...], index: int) -> Shape:
+        """The shape of rows with ``keys``, made and checked at its first row, ``index``."""
         shape = self._shapes.get(keys)
         if shape is None:
             self._target.check_keys(keys, f"row {index}")
@@ -109,47 +102,71 @@ class ChunkMaker:
             )
         return shape
 
-    def _add(self, chunk: Chunk, index: int, row: Any) -> None:
-        keys, values = self._target.keys_of(row, self._columns, index)
-        shape = self._shape(keys, index)
-        offset = len(chunk.rows)
-        chunk.indexes.append(index)
-        chunk.rows.append(row)
-        chunk.data.append(shape.record(values) if self._writer.takes_records else shape.parameters(values))
-        segments = chunk.segments
-        if segments and segments[-1][0] is shape:
-            segments[-1] = (shape, segments[-1][1], offset + 1)
+    def _chunk(self, rows: list[Any], indexes: Sequence[int]) -> Chunk:
+        """The chunk of ``rows``, of input indexes ``indexes``: each row's keys checked, its record made."""
+        chunk = Chunk(rows, indexes)
+        try:  # the common chunk: dicts with the same keys, turned into records at C speed
+            keys = list(map(tuple, rows))
+            values = list(map(tuple, map(dict.values, rows)))
+        except TypeError:  # not all dicts
+            pass
         else:
-            segments.append((shape, offset, offset + 1))
+            if keys.count(keys[0]) == len(keys):
+                shape = self._shape(keys[0], indexes[0])
+                chunk.runs.append((shape, 0))
+                chunk.data = values if shape.convert is tuple else list(map(shape.convert, values))
+                return chunk
+        data, runs, last = chunk.data, chunk.runs, None
+        for offset, row in enumerate(rows):
+            keys_of_row, values_of_row = self._target.keys_of(row, self._columns, indexes[offset])
+            shape = self._shapes.get(keys_of_row) or self._shape(keys_of_row, indexes[offset])
+            if shape is not last:
+                runs.append((shape, offset))
+                last = shape
+            data.append(shape.convert(values_of_row))
+        return chunk
+
+    def _taken(self, index: int, row: Any, rows: list[Any], indexes: list[int]) -> None:
+        """Take the row of input index ``index`` into the next chunk, unless the journal says it committed."""
+        if self._done.holds(index):
+            self.skipped += 1
+        else:
+            rows.append(row)
+            indexes.append(index)
 
     def chunks(self, rows: Iterable[Any]) -> Iterator[ChunkUnit]:
-        """The units of ``rows``, pulled one at a time as each chunk fills."""
-        chunk, done = Chunk(), self._done
-        for index, row in enumerate(rows):
-            if done.holds(index):
-                self.skipped += 1
-                continue
-            self._add(chunk, index, row)
-            if len(chunk.rows) == self._batch:
-                yield self._unit_type(chunk, self._settings)
-                chunk = Chunk()
-        if chunk.rows:
-            yield self._unit_type(chunk, self._settings)
+        """The units of ``rows``, pulled one chunk at a time, as the runner asks for the next."""
+        iterator, batch, index = iter(rows), self._batch, 0
+        while True:
+            if not self._done.count:  # nothing to skip: the chunk's indexes follow on
+                taken = list(islice(iterator, batch))
+                indexes: Sequence[int] = range(index, index + len(taken))
+                index += len(taken)
+            else:
+                taken, indexes = [], []
+                for row in iterator:
+                    self._taken(index, row, taken, indexes)
+                    index += 1
+                    if len(taken) == batch:
+                        break
+            if not taken:
+                return
+            yield self._unit_type(self._chunk(taken, indexes), self._settings)
 
     async def chunks_async(self, rows: AsyncIterable[Any]) -> AsyncIterator[ChunkUnit]:
         """As :meth:`chunks`, for an async iterable."""
-        chunk, done, index = Chunk(), self._done, -1
-        async for row in rows:
-            index += 1
-            if done.holds(index):
-                self.skipped += 1
-                continue
-            self._add(chunk, index, row)
-            if len(chunk.rows) == self._batch:
-                yield self._unit_type(chunk, self._settings)
-                chunk = Chunk()
-        if chunk.rows:
-            yield self._unit_type(chunk, self._settings)
+        iterator, batch, index = aiter(rows), self._batch, 0
+        while True:
+            taken: list[Any] = []
+            indexes: list[int] = []
+            async for row in iterator:
+                self._taken(index, row, taken, indexes)
+                index += 1
+                if len(taken) == batch:
+                    break
+            if not taken:
+                return
+            yield self._unit_type(self._chunk(taken, indexes), self._settings)
 
 
 class ChunkSettings:

@@ -34,7 +34,7 @@ class Shape:
     the record the bulk statement sends (Python defaults added, each type's bind processing done).
     """
 
-    __slots__ = ("_defaults", "_processors", "columns", "keys", "names")
+    __slots__ = ("_defaults", "_processors", "columns", "convert", "keys", "names")
 
     def __init__(
         self, keys: tuple[str, ...], target: LoadTarget, dialect: SADialect, *, process: bool
@@ -54,6 +54,14 @@ class Shape:
                 if processor is not None:
                     processors.append((position, processor))
         self._processors = processors
+        #: A row's values, in :attr:`keys` order, turned into what the writer takes.
+        self.convert: Callable[[Sequence[Any]], Any]
+        if not process:
+            self.convert = self.parameters
+        elif self._defaults or processors:
+            self.convert = self.record
+        else:  # the values are the record already
+            self.convert = tuple
 
     def record(self, values: Sequence[Any]) -> tuple[Any, ...]:
         """The record of a row whose values, in :attr:`keys` order, are ``values``."""

@@ -21,13 +21,13 @@ from .._loads.call import DEFAULT_BATCH
 from .._outcome import LoadReport, Outcome, RunReport
 from .._progress import feedback_request
 from .._typing import AsyncUnit, ItemT, T
-from .base import BaseRunner
+from .loads import LoadsRunner
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
 
-class AsyncUnitsRunner(BaseRunner):
+class AsyncUnitsRunner(LoadsRunner):
     """The verbs of the async runners, typed for ``async def unit(session: AsyncSession) -> T``."""
 
     def _check_sessions(self, sessions: object) -> Any:

@@ -37,15 +37,12 @@ from .._core.run import Run, SinkT
 from .._core.sinks import CallbackSink, ListSink, StreamSink
 from .._dialects import Dialect, for_name
 from .._errors import RunnerClosedError
-from .._journal import Journal
-from .._loads.call import LoadCall
-from .._outcome import LoadReport, Outcome, RunReport
-from .._progress import FeedbackRequest, feedback_request, open_feedback
+from .._outcome import Outcome, RunReport
+from .._progress import FeedbackRequest, open_feedback
 from .._retry import RetryPolicy
 from .._stats import RunnerStatistics, RunStats
 from .binding import LoopBinding
 from .items import checked_units
-from .journal_rows import JournalRows
 from .journal_units import map_units
 from .observers import Observers
 from .pools import LimitPlan, bound_engine, resolve_limit_or_auto, with_reserve
@@ -119,8 +116,6 @@ class BaseRunner:
         self._batch: BatchPolicy | None = check_batch(batch)
         self._gather = gather_for(self, self._batch, self._limiter)
         self._executor: Executor[Any] = self._new_executor(self._batch)
-        #: ``load()``'s executor, one transaction per chunk whatever ``batch=`` says: made at its first call.
-        self._load_executor: Executor[Any] | None = None
         self._closed = False
         self._binding = LoopBinding(type(self).__name__)
 
@@ -133,7 +128,6 @@ class BaseRunner:
         return resolve_limit_or_auto(self._limit_name, limit, engine, type(self).__name__)
 
     def _new_executor(self, batch: BatchPolicy | None) -> Executor[Any]:
-        """The executor of this runner's units, with up to ``batch`` units per transaction if not None."""
         raise NotImplementedError
 
     def _new_pacer(self, workers: int) -> Pacer:
@@ -245,18 +239,15 @@ class BaseRunner:
         feedback: Feedback | None = None,
         workers: int | None = None,
         slot: Slot | None = None,
-        executor: Executor[Any] | None = None,
     ) -> None:
-        """Run ``run`` on the runner's executor, or on ``executor``: one unit per transaction then."""
-        size = 1 if self._batch is None or executor is not None else self._batch.size
+        size = 1 if self._batch is None else self._batch.size
         if workers is None:
             wanted = run.size if size == 1 or run.size == math.inf else math.ceil(run.size / size)
             workers = int(min(self._limiter.share(run.priority), max(1, wanted)))
         pacer, controller = self._new_pacer(workers), self._controller if adapt else None
         # A batch waits for an async input with a deadline: a task of its own pulls it ahead.
-        read_ahead = None if size == 1 else run.read_ahead(self._max_limit * size)
-        executor = self._executor if executor is None else executor
-        await drive(run, executor, self._attempts, pacer, self._limiter, workers, loop_lag=loop_lag,
+        read_ahead = None if self._batch is None else run.read_ahead(self._max_limit * size)
+        await drive(run, self._executor, self._attempts, pacer, self._limiter, workers, loop_lag=loop_lag,
                     controller=controller, feedback=feedback, read_ahead=read_ahead, slot=slot)  # fmt: skip
 
     def _stats(self, recorder: Recorder) -> RunStats:
@@ -318,78 +309,6 @@ class BaseRunner:
             finally:
                 sink.close()
         run.raise_for(RunReport(sink.failures, self._stats(recorder)))
-
-    async def _run_load(
-        self,
-        units: Iterable[Any] | AsyncIterable[Any],
-        *,
-        measure_loop_lag: bool,
-        request: FeedbackRequest | None,
-    ) -> tuple[list[Outcome[Any]], RunStats, Run[Any]]:
-        """
-        Run a ``load()``'s chunks, one transaction each whatever ``batch=`` says, stopping at the first
-        failure: the outcomes in input order, the stats and the run, whose errors are the caller's to raise.
-        """
-        if self._load_executor is None:
-            self._load_executor = self._new_executor(None)
-        with self._bound(), self._observers.recording(self._engine.pool) as recorder:
-            feedback = None
-            try:
-                sink = ListSink()
-                run = self._new_run(
-                    units, sink, recorder, priority=0, stop_on_failure=True, request=request, batched=False
-                )
-                loop_lag = recorder.loop_lag = LoopLag() if measure_loop_lag else None
-                feedback = open_feedback(run, recorder, self._limiter, request, type(self).__name__)
-                await self._drive(run, loop_lag, feedback=feedback, executor=self._load_executor)
-            finally:
-                if feedback is not None:
-                    feedback.close()
-        return sink.outcomes, self._stats(recorder), run
-
-    async def _load(
-        self,
-        target: object,
-        rows: object,
-        *,
-        columns: object,
-        batch: object,
-        errors: object,
-        journal: object,
-        progress: object,
-        verb: str,
-        measure_loop_lag: bool = True,
-    ) -> LoadReport:
-        """``load()``: every argument checked, then the journal looked up, then the chunks run."""
-        with self._bound():  # a closed runner refuses before any database work
-            pass
-        journal_rows = None
-        if journal is not None:
-            if not isinstance(journal, Journal):
-                msg = (
-                    f"journal must be a boundeddb.Journal, got {type(journal).__name__}: pass e.g. "
-                    f'journal=Journal("import-2026-11") to {verb}()'
-                )
-                raise TypeError(msg)
-            checked = journal
-            if checked.key is not None:
-                msg = (
-                    f"{verb}() names rows by their input index: pass a Journal without key=, "
-                    f"e.g. journal=Journal({checked.job!r})"
-                )
-                raise ValueError(msg)
-            journal_rows = JournalRows(
-                checked.job, checked.table, self._engine, self._dialect,
-                async_units=self._async_units, create_table=checked.create_table,
-            )  # fmt: skip
-        call = LoadCall(
-            self._engine, self._dialect, target, rows, columns=columns, batch=batch, errors=errors,
-            journal=journal_rows, async_units=self._async_units,
-        )  # fmt: skip
-        request = feedback_request(progress, None, f"{verb}: chunks", call.chunks_total)  # type: ignore[arg-type]
-        units = await call.units()
-        outcomes, stats, run = await self._run_load(units, measure_loop_lag=measure_loop_lag, request=request)
-        return call.report(outcomes, stats, run)
 
     def _journalled(self, fn: object, items: object, journal: object) -> Units:
         """``map(fn, items)``'s units, through ``journal`` unless it is None."""

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, final
 
-from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -15,21 +14,20 @@ from .._autolimit import AutoLimit
 from .._batch import BatchPolicy
 from .._executors.threads import ThreadExecutor
 from .._journal import Journal
-from .._loads.call import DEFAULT_BATCH
-from .._outcome import LoadReport, Outcome, RunReport
+from .._outcome import Outcome, RunReport
 from .._progress import feedback_request
 from .._retry import RetryPolicy
 from .._typing import ItemT, SyncUnit, T
-from .base import BaseRunner
 from .binding import run_blocking
 from .items import BoundItem, check_now
+from .loads import ThreadLoadsRunner
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
 
 @final
-class ThreadOffloadRunner(BaseRunner):
+class ThreadOffloadRunner(ThreadLoadsRunner):
     """
     Run plain sync units, ``def unit(session: Session)``, in worker threads, at most ``limit`` at once.
 
@@ -171,56 +169,6 @@ class ThreadOffloadRunner(BaseRunner):
         check_now(BoundItem(fn, None), 0, self._executor.check)  # one function for all items: check it now
         request = feedback_request(progress, on_outcome, "ThreadOffloadRunner.map", items)
         return await self._run_units(units, priority, request=request, journalled=journal is not None)
-
-    async def load(
-        self,
-        target: type[Any] | Table,
-        rows: Iterable[Any] | AsyncIterable[Any],
-        *,
-        columns: Sequence[str] | None = None,
-        batch: int = DEFAULT_BATCH,
-        errors: Literal["collect", "raise"] = "collect",
-        journal: Journal[Any] | None = None,
-        progress: bool | str | Progress = False,
-    ) -> LoadReport:
-        """
-        Write many rows into one table, as :meth:`boundeddb.SemaphoreRunner.load` does, in worker threads.
-
-        Each chunk is written in a worker thread, on a sync driver's bulk path (psycopg 3's
-        ``COPY``). A plain iterable of rows is pulled by the worker threads themselves, one thread
-        at a time; an async iterable on the event loop. It works under asyncio and trio.
-
-        .. versionadded:: 0.3.0
-        """
-        return await self._load(
-            target, rows, columns=columns, batch=batch, errors=errors, journal=journal, progress=progress,
-            verb="ThreadOffloadRunner.load",
-        )  # fmt: skip
-
-    def load_sync(
-        self,
-        target: type[Any] | Table,
-        rows: Iterable[Any],
-        *,
-        columns: Sequence[str] | None = None,
-        batch: int = DEFAULT_BATCH,
-        errors: Literal["collect", "raise"] = "collect",
-        journal: Journal[Any] | None = None,
-        progress: bool | str | Progress = False,
-    ) -> LoadReport:
-        """
-        :meth:`load` for plain sync code: it blocks until every row is written or rejected.
-
-        Ctrl-C cancels it as it cancels :meth:`run_sync`: chunks in flight are rolled back.
-
-        .. versionadded:: 0.3.0
-        """
-        call = partial(
-            self._load, target, rows, columns=columns, batch=batch, errors=errors, journal=journal,
-            progress=progress, verb="ThreadOffloadRunner.load_sync", measure_loop_lag=False,
-        )  # fmt: skip
-        report: LoadReport = run_blocking(call, "load_sync", "await runner.load(target, rows)")
-        return report
 
     def stream(
         self,
