@@ -2,7 +2,8 @@
 The bulk statement of each driver that ``load()`` writes rows with, and what its errors say.
 
 PostgreSQL's drivers ``COPY``: asyncpg's ``copy_records_to_table()`` (binary), psycopg 3's
-``cursor.copy()`` (text), sync and async. Every other driver, and a target whose Python defaults
+``cursor.copy()`` (text), sync and async, psycopg2's ``copy_expert()`` (text, for tables of the
+column types ``copy_text`` writes). Every other driver, and a target whose Python defaults
 only an ``INSERT`` can compute, runs ``insert(table)`` with a list of rows, which the drivers send as
 multi-row ``INSERT`` statements (MySQL's, psycopg2's) or one prepared statement (SQLite).
 :doc:`/explanation/loads` has the measurements behind the choice.
@@ -10,6 +11,7 @@ multi-row ``INSERT`` statements (MySQL's, psycopg2's) or one prepared statement 
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Sequence
 from typing import Any, Final
@@ -20,6 +22,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Dialect as SADialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .copy_text import copies_as_text, text_line
 from .postgresql import sqlstate
 
 __all__ = ["BulkWriter", "Refused", "bulk_writer"]
@@ -182,11 +185,30 @@ class PsycopgCopy(_CopyWriter):
             raise self._failed(statement, error, None) from None
 
 
-def bulk_writer(dialect: SADialect, needs_insert: bool) -> BulkWriter:
-    """The bulk path of ``dialect``'s driver, or ``insert()`` where the target ``needs_insert``."""
+class Psycopg2Copy(_CopyWriter):
+    """psycopg2's ``copy_expert()``, fed the text format that ``copy_text`` writes."""
+
+    def write_sync(self, connection: Connection, table: Table, names: Sequence[str], rows: list[Any]) -> None:
+        driver: Any = connection.connection.driver_connection
+        statement = self._statement(table, names)
+        try:
+            data = io.StringIO("".join(map(text_line, rows)))
+        except (TypeError, ValueError) as error:  # pragma: no cover - every supported type has a text
+            raise self._failed(statement, error, None) from None
+        try:
+            with driver.cursor() as cursor:
+                cursor.copy_expert(statement, data)
+        except self._dialect.loaded_dbapi.Error as error:
+            raise self._failed(statement, error, error) from None
+
+
+def bulk_writer(dialect: SADialect, table: Table, needs_insert: bool) -> BulkWriter:
+    """The bulk path of ``dialect``'s driver for ``table``, or ``insert()`` if the target ``needs_insert``."""
     if dialect.name == "postgresql" and not needs_insert:
         if dialect.driver == "asyncpg":
             return AsyncpgCopy(dialect)
         if dialect.driver in ("psycopg", "psycopg_async"):
             return PsycopgCopy(dialect)
+        if dialect.driver == "psycopg2" and copies_as_text(table, dialect):
+            return Psycopg2Copy(dialect)
     return BulkWriter(dialect)

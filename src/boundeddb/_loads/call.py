@@ -76,7 +76,7 @@ class LoadCall:
         self._rows_total = len(self._rows) if hasattr(self._rows, "__len__") else None  # type: ignore[arg-type]
         #: The journal's rows (``JournalRows``), made by the runner from ``journal=``, or None.
         self._journal = journal
-        writer = bulk_writer(engine.dialect, self._target.needs_insert is not None)
+        writer = bulk_writer(engine.dialect, self._target.table, self._target.needs_insert is not None)
         settings = ChunkSettings(self._target, writer, self._journal, dialect, raise_first=raise_first)
         self._settings = settings
         self._names = names
