@@ -289,8 +289,9 @@ class Fleet:
                     messages += pickle.loads(connection.recv_bytes())
             except (EOFError, OSError):
                 ended = True
-            for call in self._handle(link, messages):
-                call.wake()
+            if messages:
+                for call in self._handle(link, messages):
+                    call.wake()
 
     def _handle(self, link: Link, messages: list[p.Ready | p.CallMessage]) -> set[CallState]:
         woken: set[CallState] = set()
