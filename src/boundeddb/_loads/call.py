@@ -87,8 +87,14 @@ class LoadCall:
 
     @property
     def chunks_total(self) -> range | None:
-        """As many items as the call has chunks, if the rows have a length: the progress bar's total."""
-        return None if self._rows_total is None else range(math.ceil(self._rows_total / self._batch))
+        """
+        As many items as the call has chunks, if the rows have a length: the progress bar's total,
+        once :meth:`units` knows the rows that the journal skips.
+        """
+        if self._rows_total is None:
+            return None
+        done = 0 if self._maker is None else self._maker.done_count
+        return range(math.ceil(max(0, self._rows_total - done) / self._batch))
 
     async def units(self) -> Iterable[Any] | AsyncIterable[Any]:
         """The call's chunk units, pulled lazily, once the journal said which rows committed before."""
@@ -153,9 +159,11 @@ class LoadCall:
                 )
                 raise LoadFailed(msg, report=report) from first.error
             what = "its COMMIT's fate is unknown" if first_failure.commit_unknown else type(error).__name__
-            msg = (
-                f"the load stopped: a chunk of rows failed ({what}): {loaded} rows committed; "
+            then = (
                 "rerun with the same journal to load the rest"
+                if self._journal is not None
+                else "the chunks that committed stay committed (pass journal= to resume a load)"
             )
+            msg = f"the load stopped: a chunk of rows failed ({what}): {loaded} rows committed; {then}"
             raise LoadFailed(msg, report=report) from error
         return report

@@ -91,6 +91,8 @@ class ChunkMaker:
         self._shapes: dict[tuple[str, ...], Shape] = {}
         #: Rows skipped because the journal says they committed.
         self.skipped = 0
+        #: Rows the journal says committed, whether or not the input still holds them.
+        self.done_count = done.count
 
     def _shape(self, keys: tuple[str, ...], index: int) -> Shape:
         """The shape of rows with ``keys``, made and checked at its first row, ``index``."""

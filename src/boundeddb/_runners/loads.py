@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import Table
 
+from .._core.limiter import Slot
 from .._core.pacing import Executor, drive
 from .._core.recorder import LoopLag
 from .._core.run import Run
@@ -112,7 +113,15 @@ class LoadsRunner(BaseRunner):
             self._engine, self._dialect, target, rows, columns=columns, batch=batch, errors=errors,
             journal=journal_rows, async_units=self._async_units,
         )  # fmt: skip
-        units = await call.units()
+        if journal_rows is None:
+            units = await call.units()
+        else:  # its lookup holds a connection: within the limit, as a unit would
+            slot = Slot(self._limiter, 0)
+            await slot.take()
+            try:
+                units = await call.units()
+            finally:
+                slot.give()
         outcomes, stats, run = await self._run_load(
             units, call, measure_loop_lag=measure_loop_lag, progress=progress, description=f"{verb}: chunks"
         )
