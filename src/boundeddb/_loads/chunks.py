@@ -228,22 +228,18 @@ class AsyncChunkUnit(ChunkUnit):
         search = RowSearch(len(chunk.rows))
         write, table, data = settings.writer.write_async, settings.table, chunk.data
         while (attempt := search.next()) is not None:
+            # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
             savepoint = await connection.begin_nested()
-            try:
-                for shape, start, stop in chunk.pieces(attempt):
-                    try:
-                        await write(connection, table, shape.names, data[start:stop])
-                    except Refused as refusal:
-                        await savepoint.rollback()
-                        self._refused(search, attempt, refusal, start)
-                        break
-                else:
-                    await savepoint.commit()
-                    search.loaded(attempt)
-            except BaseException:
-                if savepoint.is_active:
+            for shape, start, stop in chunk.pieces(attempt):
+                try:
+                    await write(connection, table, shape.names, data[start:stop])
+                except Refused as refusal:
                     await savepoint.rollback()
-                raise
+                    self._refused(search, attempt, refusal, start)
+                    break
+            else:
+                await savepoint.commit()
+                search.loaded(attempt)
         result, keys = chunk.result(search, settings.journal, session)
         if keys:
             await settings.journal.write_many_async(session, keys)
@@ -264,22 +260,18 @@ class SyncChunkUnit(ChunkUnit):
         search = RowSearch(len(chunk.rows))
         write, table, data = settings.writer.write_sync, settings.table, chunk.data
         while (attempt := search.next()) is not None:
+            # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
             savepoint = connection.begin_nested()
-            try:
-                for shape, start, stop in chunk.pieces(attempt):
-                    try:
-                        write(connection, table, shape.names, data[start:stop])
-                    except Refused as refusal:
-                        savepoint.rollback()
-                        self._refused(search, attempt, refusal, start)
-                        break
-                else:
-                    savepoint.commit()
-                    search.loaded(attempt)
-            except BaseException:
-                if savepoint.is_active:
+            for shape, start, stop in chunk.pieces(attempt):
+                try:
+                    write(connection, table, shape.names, data[start:stop])
+                except Refused as refusal:
                     savepoint.rollback()
-                raise
+                    self._refused(search, attempt, refusal, start)
+                    break
+            else:
+                savepoint.commit()
+                search.loaded(attempt)
         result, keys = chunk.result(search, settings.journal, session)
         if keys:
             settings.journal.write_many_sync(session, keys)
