@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             processes_rounds=args.processes_rounds,
             batching_rounds=args.batching_rounds,
             journal_rounds=args.journal_rounds,
+            load_rows=args.load_rows,
+            load_rounds=args.load_rounds,
             instructions_pairs=tuple(args.instructions_pair or overhead.PAIRS),
             progress=progress,
         )

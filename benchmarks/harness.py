@@ -62,6 +62,9 @@ class Context:
     batching_rounds: int = 3
     #: Rounds of the journal scenario.
     journal_rounds: int = 3
+    #: Rows of the load scenario, and its rounds.
+    load_rows: int = 200_000
+    load_rounds: int = 3
     #: The overhead pairs the instructions scenario counts.
     instructions_pairs: tuple[str, ...] = ()
     progress: Progress | None = None

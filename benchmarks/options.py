@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .db import mysql as mysql_db
 from .scenario import MYSQL, POSTGRESQL
-from .scenarios import batching, journal, overhead, post002_mysql_sync_vs_async, processes
+from .scenarios import batching, journal, load, overhead, post002_mysql_sync_vs_async, processes
 from .scenarios.catalog import BY_NAME, default_set, on
 from .suite import about
 
@@ -144,6 +144,20 @@ def parser() -> argparse.ArgumentParser:
         f"~{journal.SECONDS_PER_ROUND} s a round)",
     )
     p.add_argument(
+        "--load-rows",
+        type=int,
+        metavar="N",
+        help=f"rows of the load scenario (default {load.DEFAULT_ROWS:,}; {load.QUICK_ROWS:,} with --quick)",
+    )
+    p.add_argument(
+        "--load-rounds",
+        type=int,
+        metavar="K",
+        help="rounds of the load scenario, its groups' sides in alternating order "
+        f"(default {load.DEFAULT_ROUNDS}; {load.QUICK_ROUNDS} with --quick; "
+        f"~{load.SECONDS_PER_ROUND} s a round)",
+    )
+    p.add_argument(
         "--instructions-pair",
         action="append",
         choices=list(overhead.PAIRS),
@@ -197,6 +211,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.batching_rounds = batching.QUICK_ROUNDS if args.quick else batching.DEFAULT_ROUNDS
     if args.journal_rounds is None:
         args.journal_rounds = journal.QUICK_ROUNDS if args.quick else journal.DEFAULT_ROUNDS
+    if args.load_rows is None:
+        args.load_rows = load.QUICK_ROWS if args.quick else load.DEFAULT_ROWS
+    if args.load_rounds is None:
+        args.load_rounds = load.QUICK_ROUNDS if args.quick else load.DEFAULT_ROUNDS
     if args.overhead_rounds is None:
         args.overhead_rounds = overhead.FULL_ROUNDS if args.full else overhead.DEFAULT_ROUNDS
     available = [s.name for s in on(args.database)]
@@ -222,7 +240,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         or args.processes_rounds < 1
         or args.batching_rounds < 1
         or args.journal_rounds < 1
+        or args.load_rounds < 1
+        or args.load_rows < 100
         or args.rounds < 1
     ):
-        p.error("--limit, --rounds and each scenario's rounds must be >= 1, and --n >= 2")
+        p.error("--limit, --rounds and each scenario's rounds must be >= 1, --n >= 2, --load-rows >= 100")
     return args

@@ -87,6 +87,8 @@ def environment(args: argparse.Namespace, db: Server) -> dict[str, Any]:
         "processes_rounds": args.processes_rounds,
         "batching_rounds": args.batching_rounds,
         "journal_rounds": args.journal_rounds,
+        "load_rows": args.load_rows,
+        "load_rounds": args.load_rounds,
         "rounds": args.rounds,
         "overhead_n": min(args.n, overhead.MAX_OPS),
         "index": args.index,

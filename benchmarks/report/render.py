@@ -3,7 +3,7 @@ The Markdown report of a run, and the data behind its ratios and targets.
 
 :func:`render` writes the header, then each section whose rows the run has, in a fixed order:
 throughput, library overhead, instructions, ratios, limit sweep, auto limit, priorities, fleet,
-processes, batches, journal, loop lag, post 004, post 002, memory, targets.  Each section's module turns
+processes, batches, journal, load, loop lag, post 004, post 002, memory, targets.  Each section's module turns
 its rows into lines and data; nothing here measures or prints.
 """
 
@@ -17,6 +17,7 @@ from ..scenarios import (
     batching,
     fleet,
     journal,
+    load,
     mixed_priorities,
     post002_mysql_sync_vs_async,
     post004_ping_under_slow_requests,
@@ -28,6 +29,7 @@ from . import auto_limit, instructions, loop_lag, overhead, post002, post004, ta
 from . import batching as batching_report
 from . import fleet as fleet_report
 from . import journal as journal_report
+from . import load as load_report
 from . import mixed_priorities as mixed_report
 from . import processes as processes_report
 from .tables import median_rows, memory_table, sweep_table
@@ -114,6 +116,7 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         lines, data["batching"] = batching_report.section(batch_rows, batch_sizes)
         out += lines
     section(journal.GROUP, "journal", journal_report.section)
+    section(load.GROUP, "load", load_report.section)
     section("loop-lag", None, _loop_lag)
     section(post004_ping_under_slow_requests.GROUP, None, post004.section)
     section(post002_mysql_sync_vs_async.GROUP, "post_002", post002.section)
@@ -127,6 +130,7 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
     data["targets"] = targets.collect(env, results, ratio, data)
     data["targets"] += batching_report.targets(data.get("batching", {}))
     data["targets"] += journal_report.targets(data.get("journal", {}))
+    data["targets"] += load_report.targets(data.get("load", {}))
     out += targets.lines(data["targets"])
     out += ["", "Measured earlier on this machine with hand-written scripts at N=35,000: "]
     out.append("; ".join(f"{k} {v}" for k, v in targets.PREVIOUS_35K.items()) + ".")
