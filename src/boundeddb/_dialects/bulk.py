@@ -5,7 +5,8 @@ PostgreSQL's drivers ``COPY``: asyncpg's ``copy_records_to_table()`` (binary), p
 ``cursor.copy()`` (text), sync and async, psycopg2's ``copy_expert()`` (text, for tables of the
 column types ``copy_text`` writes). Every other driver, and a target whose Python defaults
 only an ``INSERT`` can compute, runs ``insert(table)`` with a list of rows, which the drivers send as
-multi-row ``INSERT`` statements (MySQL's, psycopg2's) or one prepared statement (SQLite).
+multi-row ``INSERT`` statements (MySQL's, psycopg2's) or one prepared statement (SQLite); on
+MySQL, MariaDB and SQLite the statement is compiled once and run by the driver's ``executemany()``.
 :doc:`/explanation/loads` has the measurements behind the choice.
 """
 
@@ -100,6 +101,45 @@ class BulkWriter:
         """As :meth:`write_async`, on a sync connection."""
         try:
             connection.execute(insert(table), rows)
+        except sa_exc.DBAPIError as error:
+            raise self._refused_or_raise(error) from None
+
+
+class ExecutemanyWriter(BulkWriter):
+    """
+    One ``INSERT`` of a row's placeholders, run by the driver's ``executemany()`` with the records:
+    MySQL's drivers send them as multi-row ``INSERT`` statements, sqlite3 as one prepared statement.
+    SQLAlchemy has processed the values already; it is not asked again for every row.
+    """
+
+    takes_records = True
+
+    def __init__(self, dialect: SADialect) -> None:
+        super().__init__(dialect)
+        self._placeholder = "?" if dialect.paramstyle == "qmark" else "%s"
+        self._statements: dict[tuple[str, ...], str] = {}
+
+    def _statement(self, table: Table, names: Sequence[str]) -> str:
+        statement = self._statements.get(tuple(names))
+        if statement is None:
+            preparer = self._dialect.identifier_preparer
+            columns = ", ".join(preparer.quote(name) for name in names)
+            values = ", ".join(self._placeholder for _ in names)
+            statement = f"INSERT INTO {preparer.format_table(table)} ({columns}) VALUES ({values})"
+            self._statements[tuple(names)] = statement
+        return statement
+
+    async def write_async(
+        self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: list[Any]
+    ) -> None:
+        try:
+            await connection.exec_driver_sql(self._statement(table, names), rows)
+        except sa_exc.DBAPIError as error:
+            raise self._refused_or_raise(error) from None
+
+    def write_sync(self, connection: Connection, table: Table, names: Sequence[str], rows: list[Any]) -> None:
+        try:
+            connection.exec_driver_sql(self._statement(table, names), rows)
         except sa_exc.DBAPIError as error:
             raise self._refused_or_raise(error) from None
 
@@ -211,4 +251,7 @@ def bulk_writer(dialect: SADialect, table: Table, needs_insert: bool) -> BulkWri
             return PsycopgCopy(dialect)
         if dialect.driver == "psycopg2" and copies_as_text(table, dialect):
             return Psycopg2Copy(dialect)
+    executemany = dialect.name in ("mysql", "mariadb", "sqlite") and not needs_insert
+    if executemany and dialect.paramstyle in ("qmark", "format", "pyformat"):
+        return ExecutemanyWriter(dialect)
     return BulkWriter(dialect)

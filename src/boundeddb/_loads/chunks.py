@@ -5,8 +5,9 @@ transaction of its own by a unit that finds and rejects the rows the database re
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from itertools import islice
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -60,9 +61,14 @@ class Chunk:
         rejected.sort(key=lambda row: row.index)
         keys: list[str] = []
         if journal is not None:
-            refused = {offset for offset, _ in search.rejected}
-            committed = (index for offset, index in enumerate(self.indexes) if offset not in refused)
-            keys = IndexRanges.keys_of(committed)
+            indexes = self.indexes
+            if not rejected and isinstance(indexes, range):  # one run: its key at once
+                keys = [IndexRanges.key(indexes.start, indexes.stop)]
+            else:
+                refused = {offset for offset, _ in search.rejected}
+                keys = IndexRanges.keys_of(
+                    index for offset, index in enumerate(indexes) if offset not in refused
+                )
         return ChunkResult(len(self.rows) - len(rejected), rejected, search.sent), keys
 
 
@@ -89,6 +95,7 @@ class ChunkMaker:
         self._unit_type = unit_type
         self._settings = settings
         self._shapes: dict[tuple[str, ...], Shape] = {}
+        self._getters: dict[Shape, Callable[[Any], tuple[Any, ...]]] = {}
         #: Rows skipped because the journal says they committed.
         self.skipped = 0
         #: Rows the journal says committed, whether or not the input still holds them.
@@ -107,14 +114,16 @@ class ChunkMaker:
     def _chunk(self, rows: list[Any], indexes: Sequence[int]) -> Chunk:
         """The chunk of ``rows``, of input indexes ``indexes``: each row's keys checked, its record made."""
         chunk = Chunk(rows, indexes)
-        try:  # the common chunk: dicts with the same keys, turned into records at C speed
-            keys = list(map(tuple, rows))
-            values = list(map(tuple, map(dict.values, rows)))
-        except TypeError:  # not all dicts
-            pass
-        else:
-            if keys.count(keys[0]) == len(keys):
-                shape = self._shape(keys[0], indexes[0])
+        first = rows[0]
+        if first.__class__ is dict:  # the common chunk: mappings with the first one's keys, at C speed
+            keys = tuple(first)
+            shape = self._shapes.get(keys) or self._shape(keys, indexes[0])
+            try:
+                same = set(map(len, rows)) == {len(keys)}  # and each has every key: the getter says
+                values = list(map(self._getter(shape), rows)) if same else None
+            except (KeyError, TypeError):  # a row of other keys, or not a mapping
+                values = None
+            if values is not None:
                 chunk.runs.append((shape, 0))
                 chunk.data = values if shape.convert is tuple else list(map(shape.convert, values))
                 return chunk
@@ -127,6 +136,14 @@ class ChunkMaker:
                 last = shape
             data.append(shape.convert(values_of_row))
         return chunk
+
+    def _getter(self, shape: Shape) -> Callable[[Any], tuple[Any, ...]]:
+        """What takes a mapping's values in ``shape``'s key order, as a tuple."""
+        getter = self._getters.get(shape)
+        if getter is None:
+            keys = shape.keys
+            getter = self._getters[shape] = itemgetter(*keys) if len(keys) > 1 else _single(keys[0])
+        return getter
 
     def _taken(self, index: int, row: Any, rows: list[Any], indexes: list[int]) -> None:
         """Take the row of input index ``index`` into the next chunk, unless the journal says it committed."""
@@ -169,6 +186,15 @@ class ChunkMaker:
             if not taken:
                 return
             yield self._unit_type(self._chunk(taken, indexes), self._settings)
+
+
+def _single(key: str) -> Callable[[Any], tuple[Any, ...]]:
+    """``itemgetter(key)``, returning a tuple of one value as ``itemgetter`` of several keys does."""
+
+    def get(row: Any) -> tuple[Any, ...]:
+        return (row[key],)
+
+    return get
 
 
 class ChunkSettings:

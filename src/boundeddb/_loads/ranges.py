@@ -38,6 +38,11 @@ class IndexRanges:
         return cls(runs)
 
     @staticmethod
+    def key(start: int, stop: int) -> str:
+        """The journal key of the input indexes ``start`` to ``stop - 1``."""
+        return f"{KEY_PREFIX}{start}-{stop}"
+
+    @staticmethod
     def keys_of(indexes: Iterable[int]) -> list[str]:
         """The journal keys of ``indexes``, given in increasing order: one per run of consecutive ones."""
         keys: list[str] = []
