@@ -40,6 +40,14 @@ _MYSQL_ROW_ERRORS: Final = frozenset(
 )
 
 
+#: The savepoint of a chunk's attempts, and what sets it and rolls back to it.
+SAVEPOINT: Final = "boundeddb_rows"
+SET_SAVEPOINT: Final = f"SAVEPOINT {SAVEPOINT}"
+ROLLBACK_TO_SAVEPOINT: Final = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}"
+#: On PostgreSQL, in one round trip: the savepoint set again without nesting one more level.
+RESET_SAVEPOINT: Final = f"RELEASE SAVEPOINT {SAVEPOINT}; {SET_SAVEPOINT}"
+
+
 class Refused(Exception):
     """A bulk statement's rows were refused for their data: ``error`` says why, ``line`` which row from 1."""
 
@@ -75,13 +83,35 @@ def is_refused_row(error: BaseException) -> bool:
 
 
 class BulkWriter:
-    """Writes records of one shape into a table: ``insert(table)`` with many rows, the default."""
+    """
+    Writes records of one shape into a table: ``insert(table)`` with many rows, the default.
+
+    It also sets the one savepoint that a chunk's attempts roll back to: :meth:`savepoint_async` once
+    before the first attempt and again after each attempt that passed, :meth:`rollback_async` after
+    each that was refused (the savepoint stays).
+    """
 
     #: Whether the writer takes records (values in column order, processed), not ``insert()``'s parameters.
     takes_records = False
 
     def __init__(self, dialect: SADialect) -> None:
         self._dialect = dialect
+
+    async def savepoint_async(self, connection: AsyncConnection, *, again: bool) -> None:
+        """Set the chunk's savepoint; ``again`` after an attempt passed, the savepoint set before it."""
+        await connection.exec_driver_sql(SET_SAVEPOINT)
+
+    async def rollback_async(self, connection: AsyncConnection) -> None:
+        """Undo what the transaction did since the savepoint, which stays set."""
+        await connection.exec_driver_sql(ROLLBACK_TO_SAVEPOINT)
+
+    def savepoint_sync(self, connection: Connection, *, again: bool) -> None:
+        """As :meth:`savepoint_async`, on a sync connection."""
+        connection.exec_driver_sql(SET_SAVEPOINT)
+
+    def rollback_sync(self, connection: Connection) -> None:
+        """As :meth:`rollback_async`, on a sync connection."""
+        connection.exec_driver_sql(ROLLBACK_TO_SAVEPOINT)
 
     def _refused_or_raise(self, error: Exception, line: int | None = None) -> Refused:
         if is_refused_row(error):
@@ -172,7 +202,28 @@ class _CopyWriter(BulkWriter):
 
 
 class AsyncpgCopy(_CopyWriter):
-    """asyncpg's binary ``copy_records_to_table()``."""
+    """asyncpg's binary ``copy_records_to_table()``; the savepoint set through asyncpg, one round trip."""
+
+    async def _execute(self, connection: AsyncConnection, statement: str) -> None:
+        raw = await connection.get_raw_connection()
+        try:
+            await raw.driver_connection.execute(statement)  # type: ignore[union-attr]
+        except Exception as error:
+            raise self._translated(raw, statement, error) from error
+
+    def _translated(self, raw: Any, statement: str, error: Exception) -> Exception:
+        """asyncpg's ``error`` as SQLAlchemy raises it, through SQLAlchemy's DBAPI adapter."""
+        try:
+            raw.dbapi_connection._handle_exception(error)
+        except Exception as adapted:  # SQLAlchemy's DBAPI error for asyncpg's, as insert() gets
+            return self._wrapped(statement, error, adapted)
+        return error  # pragma: no cover - _handle_exception always raises
+
+    async def savepoint_async(self, connection: AsyncConnection, *, again: bool) -> None:
+        await self._execute(connection, RESET_SAVEPOINT if again else SET_SAVEPOINT)
+
+    async def rollback_async(self, connection: AsyncConnection) -> None:
+        await self._execute(connection, ROLLBACK_TO_SAVEPOINT)
 
     async def write_async(
         self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: list[Any]
@@ -185,16 +236,41 @@ class AsyncpgCopy(_CopyWriter):
         except (TypeError, ValueError, OverflowError) as error:  # a value asyncpg cannot encode
             raise self._failed(self._statement(table, names), error, None) from None
         except Exception as error:
-            translated: Exception | None = None
-            try:
-                raw.dbapi_connection._handle_exception(error)  # type: ignore[union-attr]
-            except Exception as adapted:  # SQLAlchemy's DBAPI error for asyncpg's, as insert() gets
-                translated = adapted
-            raise self._failed(self._statement(table, names), error, translated or error) from None
+            statement = self._statement(table, names)
+            wrapped = self._translated(raw, statement, error)
+            if isinstance(wrapped, sa_exc.DBAPIError) and is_refused_row(wrapped):
+                raise Refused(wrapped, _copy_line(error)) from None
+            raise wrapped from error
 
 
 class PsycopgCopy(_CopyWriter):
-    """psycopg 3's ``cursor.copy()``, sync and async, in text format."""
+    """psycopg 3's ``cursor.copy()``, sync and async, in text format; the savepoint set through psycopg."""
+
+    async def _execute_async(self, connection: AsyncConnection, statement: str) -> None:
+        driver: Any = (await connection.get_raw_connection()).driver_connection
+        try:
+            await driver.execute(statement)
+        except self._dialect.loaded_dbapi.Error as error:
+            raise self._wrapped(statement, error, error) from error
+
+    def _execute_sync(self, connection: Connection, statement: str) -> None:
+        driver: Any = connection.connection.driver_connection
+        try:
+            driver.execute(statement)
+        except self._dialect.loaded_dbapi.Error as error:
+            raise self._wrapped(statement, error, error) from error
+
+    async def savepoint_async(self, connection: AsyncConnection, *, again: bool) -> None:
+        await self._execute_async(connection, RESET_SAVEPOINT if again else SET_SAVEPOINT)
+
+    async def rollback_async(self, connection: AsyncConnection) -> None:
+        await self._execute_async(connection, ROLLBACK_TO_SAVEPOINT)
+
+    def savepoint_sync(self, connection: Connection, *, again: bool) -> None:
+        self._execute_sync(connection, RESET_SAVEPOINT if again else SET_SAVEPOINT)
+
+    def rollback_sync(self, connection: Connection) -> None:
+        self._execute_sync(connection, ROLLBACK_TO_SAVEPOINT)
 
     async def write_async(
         self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: list[Any]
@@ -227,6 +303,20 @@ class PsycopgCopy(_CopyWriter):
 
 class Psycopg2Copy(_CopyWriter):
     """psycopg2's ``copy_expert()``, fed the text format that ``copy_text`` writes."""
+
+    def _execute_sync(self, connection: Connection, statement: str) -> None:
+        driver: Any = connection.connection.driver_connection
+        try:
+            with driver.cursor() as cursor:
+                cursor.execute(statement)
+        except self._dialect.loaded_dbapi.Error as error:
+            raise self._wrapped(statement, error, error) from error
+
+    def savepoint_sync(self, connection: Connection, *, again: bool) -> None:
+        self._execute_sync(connection, RESET_SAVEPOINT if again else SET_SAVEPOINT)
+
+    def rollback_sync(self, connection: Connection) -> None:
+        self._execute_sync(connection, ROLLBACK_TO_SAVEPOINT)
 
     def write_sync(self, connection: Connection, table: Table, names: Sequence[str], rows: list[Any]) -> None:
         driver: Any = connection.connection.driver_connection

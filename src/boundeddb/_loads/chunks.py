@@ -45,13 +45,35 @@ class Chunk:
         #: Where each run of rows of one shape starts: ``(shape, offset)``, in order.
         self.runs: list[tuple[Shape, int]] = []
 
-    def pieces(self, attempt: Attempt) -> Iterator[tuple[Shape, int, int]]:
-        """``(shape, start, stop)`` of each run of ``attempt``'s rows: one statement each."""
-        runs, end = self.runs, len(self.rows)
-        for position, (shape, start) in enumerate(runs):
-            stop = runs[position + 1][1] if position + 1 < len(runs) else end
-            if stop > attempt.start and start < attempt.stop:
-                yield shape, max(start, attempt.start), min(stop, attempt.stop)
+    def statements(self, attempt: Attempt) -> Iterator[tuple[Shape, Attempt, list[Any]]]:
+        """
+        One statement's shape, rows and records for each run of one shape among ``attempt``'s rows:
+        one statement for the attempt, unless its rows change shape.
+        """
+        runs = self.runs
+        if len(runs) == 1:  # the common chunk: one shape
+            yield runs[0][0], attempt, self._records(attempt.spans)
+            return
+        bounds = [start for _, start in runs[1:]] + [len(self.rows)]
+        pieces: list[tuple[Shape, int, int]] = []
+        for start, stop in attempt.spans:
+            for (shape, run_start), run_stop in zip(runs, bounds, strict=True):
+                if run_stop > start and run_start < stop:
+                    pieces.append((shape, max(start, run_start), min(stop, run_stop)))
+        while pieces:
+            shape = pieces[0][0]
+            spans = []
+            while pieces and pieces[0][0] is shape:
+                spans.append(pieces.pop(0)[1:])
+            statement = Attempt(tuple(spans), exact=attempt.exact)
+            yield shape, statement, self._records(statement.spans)
+
+    def _records(self, spans: tuple[tuple[int, int], ...]) -> list[Any]:
+        data = self.data
+        if len(spans) == 1:
+            start, stop = spans[0]
+            return data if start == 0 and stop == len(data) else data[start:stop]
+        return [record for start, stop in spans for record in data[start:stop]]
 
     def result(self, search: RowSearch, journal: Any, session: Any) -> tuple[ChunkResult, list[str]]:
         """The chunk's result once ``search`` ended, and the journal keys of the index runs it committed."""
@@ -223,18 +245,16 @@ class ChunkUnit:
         self.chunk = chunk
         self.settings = settings
 
-    def _refused(self, search: RowSearch, attempt: Attempt, refusal: Refused, start: int) -> None:
-        """Tell ``search`` of a refusal in the piece of ``attempt`` that began at ``start``."""
-        line = None if refusal.line is None else start - attempt.start + refusal.line
+    def _refused(self, search: RowSearch, attempt: Attempt, statement: Attempt, refusal: Refused) -> None:
+        """Tell ``search`` that ``statement``, of ``attempt``'s rows, was refused."""
+        offset = None if refusal.line is None else statement.offset(refusal.line)
         if self.settings.raise_first:
-            size = attempt.stop - attempt.start
-            offset = attempt.start + line - 1 if line is not None and 1 <= line <= size else None
-            if offset is None and size == 1:
-                offset = attempt.start
+            if offset is None and attempt.rows == 1:
+                offset = attempt.spans[0][0]
             if offset is not None:  # the first refused row: found without a search
                 chunk = self.chunk
                 raise FirstRefused(RejectedRow(chunk.indexes[offset], chunk.rows[offset], refusal.error))
-        search.refused(attempt, refusal.error, line)
+        search.refused(attempt, refusal.error, offset)
 
 
 class AsyncChunkUnit(ChunkUnit):
@@ -252,20 +272,21 @@ class AsyncChunkUnit(ChunkUnit):
         if prepare is not None:
             await connection.exec_driver_sql(prepare)
         search = RowSearch(len(chunk.rows))
-        write, table, data = settings.writer.write_async, settings.table, chunk.data
+        writer, table = settings.writer, settings.table
+        await writer.savepoint_async(connection, again=False)
+        # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
         while (attempt := search.next()) is not None:
-            # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
-            savepoint = await connection.begin_nested()
-            for shape, start, stop in chunk.pieces(attempt):
+            for shape, statement, records in chunk.statements(attempt):
                 try:
-                    await write(connection, table, shape.names, data[start:stop])
+                    await writer.write_async(connection, table, shape.names, records)
                 except Refused as refusal:
-                    await savepoint.rollback()
-                    self._refused(search, attempt, refusal, start)
+                    await writer.rollback_async(connection)
+                    self._refused(search, attempt, statement, refusal)
                     break
             else:
-                await savepoint.commit()
                 search.loaded(attempt)
+                if not search.done:
+                    await writer.savepoint_async(connection, again=True)
         result, keys = chunk.result(search, settings.journal, session)
         if keys:
             await settings.journal.write_many_async(session, keys)
@@ -284,20 +305,21 @@ class SyncChunkUnit(ChunkUnit):
         if prepare is not None:
             connection.exec_driver_sql(prepare)
         search = RowSearch(len(chunk.rows))
-        write, table, data = settings.writer.write_sync, settings.table, chunk.data
+        writer, table = settings.writer, settings.table
+        writer.savepoint_sync(connection, again=False)
+        # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
         while (attempt := search.next()) is not None:
-            # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
-            savepoint = connection.begin_nested()
-            for shape, start, stop in chunk.pieces(attempt):
+            for shape, statement, records in chunk.statements(attempt):
                 try:
-                    write(connection, table, shape.names, data[start:stop])
+                    writer.write_sync(connection, table, shape.names, records)
                 except Refused as refusal:
-                    savepoint.rollback()
-                    self._refused(search, attempt, refusal, start)
+                    writer.rollback_sync(connection)
+                    self._refused(search, attempt, statement, refusal)
                     break
             else:
-                savepoint.commit()
                 search.loaded(attempt)
+                if not search.done:
+                    writer.savepoint_sync(connection, again=True)
         result, keys = chunk.result(search, settings.journal, session)
         if keys:
             settings.journal.write_many_sync(session, keys)
