@@ -143,11 +143,16 @@ class RowSearch:
                 return
             new_start = self._position
             found_at = offset - new_start + 1 if offset >= new_start else 1
-            self._position = max(self._position, offset + 1)
+            # The named row need not be the first bad one (PostgreSQL's COPY checks unique keys when
+            # it flushes its buffer of rows), so it may be a carried row: those after it stay carried.
+            carried = before + tuple(
+                (start, min(stop, new_start)) for start, stop in after if start < new_start
+            )
+            self._position = max(new_start, offset + 1)
             self._window = max(found_at, FIRST_WINDOW)
-            self._carried = before
-            if sum(stop - start for start, stop in before) > CARRY_WINDOWS * self._window:
-                self._pending.append(Attempt(before, exact=True))
+            self._carried = carried
+            if sum(stop - start for start, stop in carried) > CARRY_WINDOWS * self._window:
+                self._pending.append(Attempt(carried, exact=True))
                 self._carried = ()
         elif attempt.rows == 1:
             self.rejected.append((attempt.spans[0][0], error))

@@ -323,7 +323,7 @@ class Psycopg2Copy(_CopyWriter):
         statement = self._statement(table, names)
         try:
             data = io.StringIO("".join(map(text_line, rows)))
-        except (TypeError, ValueError) as error:  # pragma: no cover - every supported type has a text
+        except (TypeError, ValueError) as error:  # a value psycopg2 would not adapt: its row is refused
             raise self._failed(statement, error, None) from None
         try:
             with driver.cursor() as cursor:

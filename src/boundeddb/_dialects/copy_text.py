@@ -24,6 +24,7 @@ _TYPES: Final = (
     types.String,
     types.Integer,
     types.Numeric,
+    types.Float,
     types.Boolean,
     types.Date,
     types.DateTime,
@@ -53,13 +54,27 @@ def copies_as_text(table: Table, dialect: SADialect) -> bool:
 
 
 def _text(value: Any) -> str:
-    """A non-NULL value as its column's input function reads it, before the format's escaping."""
+    """
+    A non-NULL value as its column's input function reads it, before the format's escaping; a
+    TypeError for a value psycopg2 would not adapt either, which rejects its row.
+    """
     kind = value.__class__
     if kind is str:
         return value  # type: ignore[no-any-return]
     if kind is bool:
         return "t" if value else "f"
     if kind is int or kind is float or kind is decimal.Decimal or kind is uuid.UUID:
+        return str(value)
+    # Subclasses as psycopg2 adapts them: a str or int enum member as its value, not its name.
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return float.__repr__(value)
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
         return str(value)
     if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
         return value.isoformat()
@@ -70,7 +85,8 @@ def _text(value: Any) -> str:
     adapted = getattr(value, "adapted", value)  # psycopg2's Binary wraps bytes
     if isinstance(adapted, (bytes, bytearray, memoryview)):
         return "\\x" + bytes(adapted).hex()
-    return str(value)
+    msg = f"can't adapt type {kind.__name__!r}"
+    raise TypeError(msg)
 
 
 def _array(values: Sequence[Any]) -> str:

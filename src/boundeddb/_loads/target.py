@@ -34,18 +34,25 @@ class Shape:
     the record the bulk statement sends (Python defaults added, each type's bind processing done).
     """
 
-    __slots__ = ("_defaults", "_processors", "columns", "convert", "keys", "names")
+    __slots__ = ("_defaults", "_fixed", "_processors", "columns", "convert", "keys", "names")
 
     def __init__(
         self, keys: tuple[str, ...], target: LoadTarget, dialect: SADialect, *, process: bool
     ) -> None:
         given = [target.columns[key] for key in keys]
-        defaulted = [column for column in target.defaulted if column.key not in {c.key for c in given}]
+        # The mapped class's polymorphic identity, for rows that do not give it: as insert(Manager) sets it.
+        identity = target.identity
+        fixed = [] if identity is None or any(c is identity[0] for c in given) else [identity]
+        filled = {c.key for c in given} | {c.key for c, _ in fixed}
+        defaulted = [column for column in target.defaulted if column.key not in filled]
         #: The input keys, in the rows' order.
         self.keys = keys
         #: The columns filled, given ones first: what a statement of this shape names.
-        self.columns: list[Column[Any]] = given + defaulted if process else given
+        self.columns: list[Column[Any]] = given + [column for column, _ in fixed]
+        if process:
+            self.columns += defaulted
         self.names = [column.name for column in self.columns]
+        self._fixed = tuple(value for _, value in fixed)
         self._defaults = [column.default for column in defaulted] if process else []
         processors: list[tuple[int, Callable[[Any], Any]]] = []
         if process:
@@ -58,16 +65,16 @@ class Shape:
         self.convert: Callable[[Sequence[Any]], Any]
         if not process:
             self.convert = self.parameters
-        elif self._defaults or processors:
+        elif self._defaults or processors or self._fixed:
             self.convert = self.record
         else:  # the values are the record already
             self.convert = tuple
 
     def record(self, values: Sequence[Any]) -> tuple[Any, ...]:
         """The record of a row whose values, in :attr:`keys` order, are ``values``."""
-        if not self._defaults and not self._processors:
+        if not self._defaults and not self._processors and not self._fixed:
             return tuple(values)
-        record = list(values)
+        record = [*values, *self._fixed]
         if self._defaults:
             context: _DefaultContext | None = None
             for default in self._defaults:
@@ -86,6 +93,7 @@ class Shape:
 
     def parameters(self, values: Sequence[Any]) -> dict[str, Any]:
         """The row's parameters for ``insert()``, by column key: SQLAlchemy adds defaults and processes."""
+        values = (*values, *self._fixed) if self._fixed else values
         return {column.key: value for column, value in zip(self.columns, values, strict=True)}
 
 
@@ -100,6 +108,9 @@ class LoadTarget:
         self.mapped = mapped
         #: How messages name the target.
         self.what = what
+        #: A mapped class's polymorphic identity and its column: a row without it gets it, as
+        #: ``insert(Manager)`` gives it.
+        self.identity: tuple[Column[Any], Any] | None = None
         #: Columns with a Python default: a row without them gets it, as ``insert()`` gives it.
         self.defaulted = [c for c in table.columns if c.default is not None and not _is_sql_default(c)]
         #: Why the bulk path cannot store this target's rows as ``insert()`` does, if it cannot.
@@ -185,6 +196,9 @@ def load_target(target: object, columns: object) -> tuple[LoadTarget, tuple[str,
             if len(prop.columns) == 1 and prop.columns[0].table is table
         }
         loaded = LoadTarget(table, keys, mapper.class_, mapper.class_.__name__)
+        discriminator = mapper.polymorphic_on
+        if mapper.polymorphic_identity is not None and any(c is discriminator for c in keys.values()):
+            loaded.identity = (discriminator, mapper.polymorphic_identity)  # type: ignore[assignment]
     if columns is None:
         return loaded, None
     if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):

@@ -1,0 +1,232 @@
+"""
+Rows the database refuses: each rejected alone, with its input index, the row as given and the
+SQLAlchemy exception that ``insert()`` would raise; every other row committed once. On each bulk path
+(PostgreSQL's COPY by asyncpg and psycopg 3, async and sync; psycopg2's, MariaDB's and SQLite's
+``insert()``), where the kind of refusal exists. Then ``errors="raise"``, and a target whose Python
+default is a SQL expression, which takes the ``insert()`` path.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from datetime import datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import MetaData, Table, text
+from sqlalchemy import exc as sa_exc
+
+from boundeddb import LoadFailed
+from tests.loads.conftest import Tables
+from tests.support.batches import BatchKit, every
+from tests.support.faults import codes_of
+
+pytestmark = [pytest.mark.usefixtures("collect_garbage")]
+
+#: A case per bulk path and driver family: PostgreSQL's four drivers, MariaDB's async and sync drivers,
+#: SQLite's two.
+REJECT_CASES = [
+    ("semaphore", "asyncio"),
+    ("semaphore-psycopg", "asyncio"),
+    ("threads-psycopg", "asyncio"),
+    ("threads-psycopg2", "asyncio"),
+    ("chunked-asyncmy", "asyncio"),
+    ("threads-pymysql", "asyncio"),
+    ("semaphore-aiosqlite", "asyncio"),
+    ("threads-pysqlite", "asyncio"),
+]
+#: One case per bulk path: asyncpg's binary COPY, psycopg 3's text COPY, MariaDB's and SQLite's insert().
+PATH_CASES = [
+    ("semaphore", "asyncio"),
+    ("threads-psycopg", "asyncio"),
+    ("threads-psycopg2", "asyncio"),
+    ("threads-pymysql", "asyncio"),
+    ("threads-pysqlite", "asyncio"),
+]
+
+TAKEN_EMAIL = "taken@example.com"
+
+#: Each kind of bad row: the values that make it bad.
+BAD = {
+    "duplicate key": {"email": TAKEN_EMAIL},
+    "not null": {"name": None},
+    "check": {"age": -1},
+    "too long": {"name": "x" * 11},
+    "not a number": {"score": "abc"},
+    "foreign key": {"ref": 999},
+    "deferred foreign key": {"dref": 999},
+}
+#: Where each kind sits in 60 rows of chunks of 25: a chunk's first and last rows, side by side, the end.
+WHERE = {
+    "duplicate key": 0,
+    "not null": 24,
+    "check": 25,
+    "too long": 26,
+    "not a number": 40,
+    "foreign key": 49,
+    "deferred foreign key": 59,
+}
+#: (exception class, SQLSTATE or MySQL error number) of each kind on each database; None: no code to see.
+EXPECTED: dict[str, dict[str, tuple[type[Exception], Any]]] = {
+    "postgresql": {
+        "duplicate key": (sa_exc.IntegrityError, "23505"),
+        "not null": (sa_exc.IntegrityError, "23502"),
+        "check": (sa_exc.IntegrityError, "23514"),
+        "too long": (sa_exc.DataError, "22001"),
+        "not a number": (sa_exc.DataError, "22P02"),
+        "foreign key": (sa_exc.IntegrityError, "23503"),
+        "deferred foreign key": (sa_exc.IntegrityError, "23503"),
+    },
+    "mariadb": {
+        "duplicate key": (sa_exc.IntegrityError, 1062),
+        "not null": (sa_exc.IntegrityError, 1048),
+        "check": (sa_exc.DBAPIError, 4025),
+        "too long": (sa_exc.DataError, 1406),
+        "not a number": (sa_exc.DataError, 1366),
+        "foreign key": (sa_exc.IntegrityError, 1452),
+    },
+    "sqlite": {
+        "duplicate key": (sa_exc.IntegrityError, None),
+        "not null": (sa_exc.IntegrityError, None),
+        "check": (sa_exc.IntegrityError, None),
+        "foreign key": (sa_exc.IntegrityError, None),
+    },
+}
+
+
+def person(i: int, **bad: Any) -> dict[str, Any]:
+    """A good row of load_people for input index ``i``, with ``bad``'s values over it."""
+    return {
+        "n": i,
+        "email": f"p{i}@example.com",
+        "name": f"p{i}",
+        "age": i,
+        "score": i,
+        "ref": 1 + i % 3,
+        **bad,
+    }
+
+
+def seed_taken(tables: Tables) -> None:
+    """Make load_people, with the row whose email the duplicates repeat."""
+    tables.need(tables.people)
+    with tables.kit.admin().begin() as connection:
+        connection.execute(tables.people.insert(), person(-1, email=TAKEN_EMAIL, age=0))
+
+
+def code_of(error: BaseException) -> Any:
+    """The SQLSTATE (PostgreSQL) or error number (MySQL) of ``error``, or None."""
+    args = getattr(getattr(error, "orig", None), "args", ())
+    if args and isinstance(args[0], int):
+        return args[0]
+    return codes_of(error)
+
+
+@pytest.mark.anyio
+@every(REJECT_CASES)
+async def test_each_kind_of_bad_row_is_rejected_alone(bkit: BatchKit, tables: Tables) -> None:
+    """Duplicate key, NOT NULL, CHECK, too long, not a number, foreign key, deferred: each alone."""
+    seed_taken(tables)
+    expected = EXPECTED[tables.server]
+    where = {WHERE[kind]: kind for kind in expected}
+    rows = [person(i, **BAD[where[i]]) if i in where else person(i) for i in range(60)]
+    report = await bkit.runner(limit=2).load(tables.people, rows, batch=25)
+    assert [rejected.index for rejected in report.rejected] == sorted(where)
+    for rejected in report.rejected:
+        kind = where[rejected.index]
+        assert rejected.row is rows[rejected.index], kind
+        error_type, code = expected[kind]
+        if bkit.driver == "asyncpg" and kind == "not a number":
+            code = None  # asyncpg's binary COPY refuses "abc" before the server sees it: a DataError
+        if bkit.driver == "asyncpg" and kind == "too long":
+            error_type = sa_exc.DBAPIError  # what insert() raises too: SQLAlchemy maps no asyncpg DataError
+        assert isinstance(rejected.error, error_type), (kind, rejected.error)
+        assert code_of(rejected.error) == code, (kind, rejected.error)
+    good = [i for i in range(60) if i not in where]
+    assert (report.loaded, report.transactions, report.skipped) == (len(good), 3, 0)
+    assert tables.column(tables.people, "n") == [-1, *good]
+
+
+@pytest.mark.anyio
+@every(PATH_CASES)
+async def test_one_percent_duplicate_keys_spread_through_the_input(bkit: BatchKit, tables: Tables) -> None:
+    """30 duplicate keys at random places among 3000 rows: exactly those rejected, the rest loaded."""
+    seed_taken(tables)
+    bad = set(random.Random(3000).sample(range(3000), 30))
+    rows = [person(i, email=TAKEN_EMAIL) if i in bad else person(i) for i in range(3000)]
+    report = await bkit.runner(limit=2).load(tables.people, rows, batch=1000)
+    assert [rejected.index for rejected in report.rejected] == sorted(bad)
+    assert all(isinstance(rejected.error, sa_exc.IntegrityError) for rejected in report.rejected)
+    assert (report.loaded, report.transactions) == (2970, 3)
+    assert tables.column(tables.people, "n") == [-1, *(i for i in range(3000) if i not in bad)]
+
+
+@pytest.mark.anyio
+@every(PATH_CASES)
+async def test_errors_raise_stops_at_the_first_refused_row_and_rolls_its_chunk_back(
+    bkit: BatchKit, tables: Tables
+) -> None:
+    """errors="raise": LoadFailed names the row, its chunk rolls back, the chunks before it stay committed."""
+    seed_taken(tables)
+    rows = [person(i, email=TAKEN_EMAIL) if i == 33 else person(i) for i in range(60)]
+    runner = bkit.runner(limit=1)
+    message = 'row 33 was refused (IntegrityError) and errors="raise": 20 rows committed'
+    with pytest.raises(LoadFailed, match=f"^{re.escape(message)}$") as raised:
+        await runner.load(tables.people, rows, batch=20, errors="raise")
+    report = raised.value.report
+    assert isinstance(raised.value.__cause__, sa_exc.IntegrityError)
+    assert [(r.index, r.row is rows[33]) for r in report.rejected] == [(33, True)]
+    assert report.rejected[0].error is raised.value.__cause__
+    assert (report.loaded, report.transactions) == (20, 1)
+    assert tables.column(tables.people, "n") == [-1, *range(20)], "the bad row's chunk rolled back"
+    assert bkit.pool.checkedout() == 0
+    bkit.db.assert_no_open_transactions("after LoadFailed")
+
+
+@pytest.mark.anyio
+@every([("semaphore", "asyncio"), ("threads-psycopg", "asyncio"), ("threads-pymysql", "asyncio")])
+async def test_a_sql_expression_default_takes_the_insert_path_and_still_rejects(
+    bkit: BatchKit, tables: Tables
+) -> None:
+    """default=func.now(): the rows go through insert(), get their timestamp, a duplicate is rejected."""
+    tables.need(tables.stamped)
+    rows = [{"n": 9 if i == 10 else i} for i in range(30)]  # 9 and 10: the same chunk
+    report = await bkit.runner(limit=2).load(tables.stamped, rows, batch=8)
+    assert [(r.index, type(r.error)) for r in report.rejected] == [(10, sa_exc.IntegrityError)]
+    assert (report.loaded, report.transactions) == (29, 4)
+    assert tables.column(tables.stamped, "n") == [i for i in range(30) if i != 10]
+    assert all(isinstance(created, datetime) for created in tables.column(tables.stamped, "created"))
+
+
+@pytest.mark.anyio
+@every([("semaphore", "asyncio"), ("threads-psycopg", "asyncio"), ("threads-psycopg2", "asyncio")])
+async def test_a_deferrable_unique_key_is_found_by_bisection(bkit: BatchKit, tables: Tables) -> None:
+    """UNIQUE DEFERRABLE: checked at the statement's end, no COPY line: bisection finds both."""
+    with tables.kit.admin().begin() as connection:
+        connection.execute(
+            text("CREATE TABLE load_deferrable (n int, code int UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+        )
+        connection.execute(text("INSERT INTO load_deferrable (n, code) VALUES (-1, 5)"))
+    try:
+        table = Table("load_deferrable", MetaData(), autoload_with=tables.kit.admin())
+        rows = [{"n": i, "code": 5 if i == 3 else 7 if i in (5, 8) else 100 + i} for i in range(10)]
+        report = await bkit.runner(limit=1).load(table, rows)
+        assert [(r.index, code_of(r.error)) for r in report.rejected] == [(3, "23505"), (8, "23505")]
+        assert tables.column(table, "n") == [-1, 0, 1, 2, 4, 5, 6, 7, 9]
+    finally:
+        bkit.db.terminate()
+        with tables.kit.admin().begin() as connection:
+            connection.execute(text("DROP TABLE load_deferrable"))
+
+
+@pytest.mark.anyio
+@every([("semaphore", "asyncio"), ("semaphore-psycopg", "asyncio"), ("threads-psycopg", "asyncio")])
+async def test_a_later_row_named_first_by_copy_loses_no_row(bkit: BatchKit, tables: Tables) -> None:
+    """COPY names row 24's CHECK before row 0's duplicate (unique keys wait for its buffer): 1-23 stay."""
+    seed_taken(tables)
+    rows = [person(0, email=TAKEN_EMAIL), *(person(i) for i in range(1, 24)), person(24, age=-1)]
+    report = await bkit.runner(limit=1).load(tables.people, rows, batch=25)
+    assert [r.index for r in report.rejected] == [0, 24]
+    assert (report.loaded, report.transactions) == (23, 1)
+    assert tables.column(tables.people, "n") == [-1, *range(1, 24)]
