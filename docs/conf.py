@@ -33,11 +33,16 @@ autodoc_preserve_defaults = True
 # only when a call asks for a bar), so autodoc, which evaluates their signatures' annotations in
 # their modules, would not find it: give those modules the name for the build.
 def _give_progress_to_the_runners() -> None:
+    import importlib
+    import pkgutil
+
     from rich.progress import Progress
 
-    from boundeddb._runners import async_units, thread_offload
+    from boundeddb import _runners
 
-    for module in (async_units, thread_offload):
+    # Every module of the runners, so that a verb that moves to a module of its own keeps its signature.
+    for info in pkgutil.iter_modules(_runners.__path__):
+        module = importlib.import_module(f"{_runners.__name__}.{info.name}")
         module.Progress = Progress  # type: ignore[attr-defined]
 
 

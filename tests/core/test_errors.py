@@ -11,7 +11,10 @@ import pytest
 import boundeddb
 from boundeddb import (
     BoundedDBError,
+    LoadFailed,
+    LoadReport,
     Outcome,
+    RejectedRow,
     RunFailed,
     RunnerBusyElsewhereError,
     RunnerClosedError,
@@ -73,6 +76,7 @@ def test_every_exported_error_derives_from_bounded_db_error() -> None:
     errors = exported_exceptions()
     assert set(errors) == {
         BoundedDBError,
+        LoadFailed,
         RunFailed,
         RunnerBusyElsewhereError,
         RunnerClosedError,
@@ -178,6 +182,20 @@ def test_unit_timeout_round_trips_through_pickle() -> None:
     assert type(restored) is UnitTimeout
     assert (restored.index, restored.timeout) == (7, 1.25)
     assert str(restored) == "unit 7 did not finish within timeout=1.25 s"
+
+
+@pytest.mark.parametrize("roundtrip", ["pickle", "deepcopy"])
+def test_load_failed_round_trips_with_its_report(roundtrip: str) -> None:
+    """A LoadFailed survives pickle and deepcopy with its message and its report of what committed."""
+    rejected = RejectedRow(7, {"key": "k"}, ValueError("refused"))
+    failed = LoadFailed("row 7 was refused", report=LoadReport(20, 5, [rejected], 1, make_stats()))
+    restored = pickle.loads(pickle.dumps(failed)) if roundtrip == "pickle" else copy.deepcopy(failed)
+    assert isinstance(restored, LoadFailed)
+    assert str(restored) == "row 7 was refused"
+    report = restored.report
+    assert (report.loaded, report.skipped, report.transactions) == (20, 5, 1)
+    assert (report.rejected[0].index, report.rejected[0].row) == (7, {"key": "k"})
+    assert str(report.rejected[0].error) == "refused"
 
 
 def test_unit_misuse_error_is_caught_as_a_type_error() -> None:

@@ -16,7 +16,7 @@ import anyio.to_thread
 import pytest
 from sqlalchemy import text
 
-from boundeddb import Journal, LoadFailed, ThreadOffloadRunner
+from boundeddb import Journal, LoadFailed, RetryPolicy, ThreadOffloadRunner
 from tests.loads.conftest import JOURNAL_TABLE, Tables, item_rows
 from tests.support.batches import TAKEN, BatchKit, every, sync_params
 from tests.support.kits import eventually
@@ -254,3 +254,35 @@ async def test_an_input_that_raises_stops_the_load_with_its_error(bkit: BatchKit
     assert committed in (list(range(20)), list(range(40))), "whole chunks, from the start"
     assert bkit.pool.checkedout() == 0
     bkit.db.assert_no_open_transactions("after the input raised")
+
+
+@pytest.mark.anyio
+@every([("semaphore", "asyncio"), ("threads-psycopg", "asyncio")])
+async def test_a_chunk_that_fails_with_a_transient_error_is_retried_whole(
+    bkit: BatchKit, tables: Tables
+) -> None:
+    """A serialization failure in the first chunk's COPY: retry= runs that chunk again whole; rows once."""
+    tables.add_xid()
+    name = f"fail_once_{secrets.token_hex(3)}"
+    with bkit.admin().begin() as connection:  # the first row inserted fails with SQLSTATE 40001, once
+        connection.exec_driver_sql(f"CREATE SEQUENCE {name}")
+        connection.exec_driver_sql(
+            f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF nextval('{name}') = 1 THEN RAISE EXCEPTION 'serialization' USING ERRCODE = '40001'; END IF; "
+            "RETURN NEW; END $$"
+        )
+        connection.exec_driver_sql(
+            f"CREATE TRIGGER {name} BEFORE INSERT ON items FOR EACH ROW EXECUTE FUNCTION {name}()"
+        )
+    try:
+        runner = bkit.runner(limit=2, retry=RetryPolicy(attempts=3, initial_delay=0.01))
+        report = await runner.load(Item, item_rows(300), batch=100)
+        assert (report.loaded, report.rejected, report.transactions) == (300, [], 3)
+        assert report.stats.retried == 1, "the failed chunk ran again, and only it"
+        assert tables.items() == list(range(300))
+        assert tables.transactions() == 3, "the failed attempt left nothing"
+    finally:
+        with bkit.admin().begin() as connection:
+            connection.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name} ON items")
+            connection.exec_driver_sql(f"DROP FUNCTION IF EXISTS {name}()")
+            connection.exec_driver_sql(f"DROP SEQUENCE IF EXISTS {name}")
