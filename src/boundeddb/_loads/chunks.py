@@ -147,7 +147,7 @@ class ChunkMaker:
                 values = None
             if values is not None:
                 chunk.runs.append((shape, 0))
-                chunk.data = values if shape.convert is tuple else list(map(shape.convert, values))
+                chunk.data = values if shape.convert is tuple else shape.convert_all(values)
                 return chunk
         data, runs, last = chunk.data, chunk.runs, None
         for offset, row in enumerate(rows):

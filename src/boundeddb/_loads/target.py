@@ -5,7 +5,8 @@ values the driver takes, as ``session.execute(insert(target), rows)`` would turn
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 from sqlalchemy import Column, Table
@@ -90,6 +91,21 @@ class Shape:
         for position, processor in self._processors:
             record[position] = processor(record[position])
         return tuple(record)
+
+    def convert_all(self, rows: list[tuple[Any, ...]]) -> list[Any]:
+        """
+        :meth:`convert` of every row of ``rows``, each a tuple of values in :attr:`keys` order: column
+        by column where no default needs the row, so that a type's processor runs at C speed.
+        """
+        if self.convert is not self.record or not rows or any(d.is_callable for d in self._defaults):  # type: ignore[union-attr]
+            return list(map(self.convert, rows))
+        count = len(rows)
+        columns: list[Iterable[Any]] = list(zip(*rows, strict=True))
+        columns += [repeat(value, count) for value in self._fixed]
+        columns += [repeat(default.arg, count) for default in self._defaults]  # type: ignore[union-attr]
+        for position, processor in self._processors:
+            columns[position] = map(processor, columns[position])
+        return list(zip(*columns, strict=False))
 
     def parameters(self, values: Sequence[Any]) -> dict[str, Any]:
         """The row's parameters for ``insert()``, by column key: SQLAlchemy adds defaults and processes."""
