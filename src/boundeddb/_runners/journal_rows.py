@@ -80,11 +80,14 @@ class JournalRows:
         """As :meth:`write_many_async`, on a sync ``session``."""
         session.connection().exec_driver_sql(self._row_sql, self._parameters(keys))
 
-    def _parameters(self, keys: list[str]) -> list[Any]:
+    def _parameters(self, keys: list[str]) -> Any:
+        """The rows' parameters: one row's alone, which the driver runs without its executemany()."""
         job = self.job
         if self._positional:
-            return [(job, key) for key in keys]
-        return [{"job": job, "item_key": key} for key in keys]
+            rows: list[Any] = [(job, key) for key in keys]
+        else:
+            rows = [{"job": job, "item_key": key} for key in keys]
+        return rows[0] if len(rows) == 1 else rows
 
     # -- the queries -------------------------------------------------------------------------------
 
