@@ -14,32 +14,25 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
-from sqlalchemy.pool import NullPool
 
-from boundeddb.testing import PostgresServer, driver_url
-from tests.support.batches import SqliteFile
 from tests.support.journal_kill import (
     ROW_KILLS,
     TIMED_KILLS,
     Child,
-    Kill,
     Ledger,
-    backends_in_transaction,
     check_kills_landed,
     check_last_report,
     kill_plan,
     kill_runs,
     kill_seed,
 )
-from tests.support.servers import Database, MariaDB, PostgreSQL
+from tests.support.kill_targets import job_target, kill_run, let_go
+from tests.support.servers import Database
 from tests.support.soak import quick_or_long
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("collect_garbage")]
@@ -135,80 +128,10 @@ class Target(Ledger):
 @pytest.fixture
 def target(case: Case, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
     """The job's database for ``case``: the run's PostgreSQL schema, a MariaDB database, a SQLite file."""
-    made: Target
-    if case.server == "postgresql":
-        server: PostgresServer = request.getfixturevalue("pg_server")
-        pg: PostgreSQL = request.getfixturevalue("pg_db")
-        schema: str = request.getfixturevalue("pg_schema")
-        url = driver_url(server.url, case.driver).render_as_string(hide_password=False)  # type: ignore[arg-type]
-        made = Target(
-            case,
-            url,
-            pg.admin,
-            pg,
-            schema=schema,
-            args=[f"--schema={schema}", f"--app={pg.app}"],
-            in_transaction=lambda: backends_in_transaction(pg.admin, pg.app),
-        )
-    elif case.server == "mariadb":
-        mysql: MariaDB = request.getfixturevalue("mysql_db")
-        made = Target(
-            case,
-            mysql.url(case.driver).render_as_string(hide_password=False),
-            mysql.admin.execution_options(schema_translate_map={None: mysql.database}),
-            mysql,
-            schema=mysql.database,
-            args=[],
-            in_transaction=lambda: len(mysql.threads_in_transaction() & mysql.connection_ids()),
-        )
-    else:
-        path = tmp_path / "journal.sqlite3"
-        drivername = "sqlite+aiosqlite" if case.driver == "aiosqlite" else "sqlite"
-        made = Target(
-            case,
-            f"{drivername}:///{path}",
-            create_engine(f"sqlite:///{path}", poolclass=NullPool),
-            SqliteFile(path),
-            schema=None,
-            args=[],
-            in_transaction=lambda: int(path.with_name(path.name + "-journal").exists()),
-            transaction_survives_kill=True,
-        )
+    made = job_target(Target, case, request, tmp_path, "journal.sqlite3")
     made.create()
     yield made
-    if case.server == "postgresql":  # a child's backend left in a transaction would block DROP TABLE
-        request.getfixturevalue("pg_db").terminate()
-    made.drop()
-    if case.server == "sqlite":
-        made.admin.dispose()
-
-
-def kill_run(target: Target, tmp_path: Path, run: int, how: str, before: int) -> Kill:
-    """
-    Start the job and SIGKILL it once ``how`` says: ``rows>=N``, once N items committed, or
-    ``after=S``, S seconds after it printed ``started`` (in its first lookups, the table's creation
-    or among its first units). Then wait for its connections to end and check the items done.
-    """
-    kill = Kill(how=how, before=before, in_transaction=0)
-    child = Child(JOB, target, target.arguments(), tmp_path, run)
-    try:
-        if how.startswith("rows>="):
-            child.freeze_at(how)
-        else:
-            child.wait_for(child.started, "started")
-            # The fault's timing, not a sync point: nothing waits for what the job did meanwhile.
-            time.sleep(float(how.removeprefix("after=")))
-        if not target.transaction_survives_kill:
-            kill.in_transaction = target.in_transaction()
-        child.alive_or_fail(f"before the kill ({how})")
-    finally:
-        child.kill()
-    if target.transaction_survives_kill:
-        kill.in_transaction = target.in_transaction()
-    assert child.process.returncode == -signal.SIGKILL, (child.process.returncode, child.outputs())
-    target.wait_gone(f"after kill {run} ({how})")
-    kill.after = len(target.check_exactly_once(f"after kill {run} ({how})"))
-    return kill
+    let_go(made, case, request)
 
 
 @pytest.mark.parametrize(
@@ -225,7 +148,7 @@ def test_killed_job_rerun_with_its_journal_has_each_effect_once(
         kill_plan(rng, *KILLS),
         ITEMS,
         (0, TIMED_KILL_S),
-        lambda run, how, before: kill_run(target, tmp_path, run, how, before),
+        lambda run, how, before: kill_run(JOB, target, tmp_path, run, how, before),
     )
 
     # The last run, to the end: it skips exactly the items done before it, and runs the others.
