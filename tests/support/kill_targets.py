@@ -44,7 +44,7 @@ TargetT = TypeVar("TargetT")
 def job_target(
     make: type[TargetT], case: Any, request: pytest.FixtureRequest, tmp_path: Path, sqlite_name: str
 ) -> TargetT:
-    """``make(case, url, admin, db, ...)`` on ``case.server``: a PostgreSQL schema, a MariaDB database, a file."""
+    """``make(case, url, admin, db, ...)`` on ``case.server``: a PostgreSQL schema, MariaDB database, file."""
     if case.server == "postgresql":
         server: PostgresServer = request.getfixturevalue("pg_server")
         pg: PostgreSQL = request.getfixturevalue("pg_db")
