@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rich.progress import Progress
-from sqlalchemy import create_engine
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -21,8 +21,12 @@ import boundeddb
 from boundeddb import (
     BoundedDBError,
     ChunkedRunner,
+    Journal,
+    LoadFailed,
+    LoadReport,
     Outcome,
     ProcessRunner,
+    RejectedRow,
     RetryPolicy,
     RunFailed,
     RunnerStatistics,
@@ -282,3 +286,28 @@ async def observed(seen: list[Outcome[Any]]) -> None:
     RetryPolicy(on_retry=3)  # type: ignore[arg-type]
     boundeddb.instrument(3)  # type: ignore[call-arg, arg-type]
     boundeddb.uninstrument()
+
+
+async def loads() -> None:
+    table = Table("customers", MetaData(), Column("id", Integer, primary_key=True), Column("email", String))
+    rows = [{"id": 1, "email": "a@example.com"}]
+    runner = SemaphoreRunner(async_sessions, limit=4)
+    report = await runner.load(table, rows, batch=1000, journal=Journal("import"))
+    assert_type(report, LoadReport)
+    assert_type(report.loaded, int)
+    assert_type(report.skipped, int)
+    assert_type(report.transactions, int)
+    for rejected in report.rejected:
+        assert_type(rejected, RejectedRow)
+        assert_type(rejected.index, int)
+        assert_type(rejected.error, Exception)
+    assert_type(await runner.load(table, [(1, "a")], columns=["id", "email"], errors="raise"), LoadReport)
+    threads = ThreadOffloadRunner(sync_sessions, limit=4)
+    assert_type(await threads.load(table, rows), LoadReport)
+    assert_type(threads.load_sync(table, rows, journal=Journal("import")), LoadReport)
+    assert_type(runner.statistics().rows_loaded, int)
+    await runner.load(table, rows, errors="ignore")  # type: ignore[arg-type]
+    try:
+        pass
+    except LoadFailed as failed:
+        assert_type(failed.report, LoadReport)
