@@ -102,9 +102,10 @@ async def test_errors_raise_stops_starting_drains_and_accounts_for_every_unit(ki
         await runner.run(kit.insert(i, fail=i == 10) for i in range(1000))
     report = caught.value.report
     started = report.stats.submitted
-    # Units keep starting only while the failing unit is still in flight (its rollback included):
-    # a few per slot at most, never the rest of the 1,000.
-    assert 11 <= started <= 11 + 3 * 4, "units kept starting after the failure was recorded"
+    # Units keep starting only while the failing unit is still in flight (its rollback included): how
+    # many depends on how the threads are scheduled meanwhile (25 once in CI with four workers under
+    # coverage, 11-15 usually), so the bound is far from that and far from the rest of the 1,000.
+    assert 11 <= started <= 11 + 20 * 4, "units kept starting after the failure was recorded"
     assert [o.index for o in report.outcomes] == list(range(started))
     assert kit.db.committed_units() == [o.index for o in report.outcomes if o.ok]
     assert [type(e) for e in caught.value.exceptions] == [Boom]
