@@ -75,7 +75,7 @@ class Chunk:
             return data if start == 0 and stop == len(data) else data[start:stop]
         return [record for start, stop in spans for record in data[start:stop]]
 
-    def result(self, search: RowSearch, journal: Any, session: Any) -> tuple[ChunkResult, list[str]]:
+    def result(self, search: RowSearch, journal: Any) -> tuple[ChunkResult, list[str]]:
         """The chunk's result once ``search`` ended, and the journal keys of the index runs it committed."""
         rejected = [
             RejectedRow(self.indexes[offset], self.rows[offset], error) for offset, error in search.rejected
@@ -287,7 +287,7 @@ class AsyncChunkUnit(ChunkUnit):
                 search.loaded(attempt)
                 if not search.done:
                     await writer.savepoint_async(connection, again=True)
-        result, keys = chunk.result(search, settings.journal, session)
+        result, keys = chunk.result(search, settings.journal)
         if keys:
             await settings.journal.write_many_async(session, keys)
         return result
@@ -320,7 +320,7 @@ class SyncChunkUnit(ChunkUnit):
                 search.loaded(attempt)
                 if not search.done:
                     writer.savepoint_sync(connection, again=True)
-        result, keys = chunk.result(search, settings.journal, session)
+        result, keys = chunk.result(search, settings.journal)
         if keys:
             settings.journal.write_many_sync(session, keys)
         return result

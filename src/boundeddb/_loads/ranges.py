@@ -42,19 +42,19 @@ class IndexRanges:
         """The journal key of the input indexes ``start`` to ``stop - 1``."""
         return f"{KEY_PREFIX}{start}-{stop}"
 
-    @staticmethod
-    def keys_of(indexes: Iterable[int]) -> list[str]:
+    @classmethod
+    def keys_of(cls, indexes: Iterable[int]) -> list[str]:
         """The journal keys of ``indexes``, given in increasing order: one per run of consecutive ones."""
         keys: list[str] = []
         start = stop = -1
         for index in indexes:
             if index != stop:
                 if stop > start:
-                    keys.append(f"{KEY_PREFIX}{start}-{stop}")
+                    keys.append(cls.key(start, stop))
                 start = index
             stop = index + 1
         if stop > start:
-            keys.append(f"{KEY_PREFIX}{start}-{stop}")
+            keys.append(cls.key(start, stop))
         return keys
 
     def holds(self, index: int) -> bool:

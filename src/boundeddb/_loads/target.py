@@ -35,7 +35,7 @@ class Shape:
     the record the bulk statement sends (Python defaults added, each type's bind processing done).
     """
 
-    __slots__ = ("_defaults", "_fixed", "_processors", "columns", "convert", "keys", "names")
+    __slots__ = ("_by_column", "_defaults", "_fixed", "_processors", "columns", "convert", "keys", "names")
 
     def __init__(
         self, keys: tuple[str, ...], target: LoadTarget, dialect: SADialect, *, process: bool
@@ -70,11 +70,11 @@ class Shape:
             self.convert = self.record
         else:  # the values are the record already
             self.convert = tuple
+        #: Whether :meth:`convert_all` may go column by column: records to make, no default needing its row.
+        self._by_column = self.convert == self.record and not any(d.is_callable for d in self._defaults)  # type: ignore[union-attr]
 
     def record(self, values: Sequence[Any]) -> tuple[Any, ...]:
         """The record of a row whose values, in :attr:`keys` order, are ``values``."""
-        if not self._defaults and not self._processors and not self._fixed:
-            return tuple(values)
         record = [*values, *self._fixed]
         if self._defaults:
             context: _DefaultContext | None = None
@@ -97,7 +97,7 @@ class Shape:
         :meth:`convert` of every row of ``rows``, each a tuple of values in :attr:`keys` order: column
         by column where no default needs the row, so that a type's processor runs at C speed.
         """
-        if self.convert is not self.record or not rows or any(d.is_callable for d in self._defaults):  # type: ignore[union-attr]
+        if not self._by_column or not rows:
             return list(map(self.convert, rows))
         count = len(rows)
         columns: list[Iterable[Any]] = list(zip(*rows, strict=True))

@@ -1,0 +1,43 @@
+"""How ``load()`` turns a chunk's rows into records: column by column gives what row by row gives."""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, create_engine
+
+from boundeddb._loads.target import Shape, load_target
+
+TABLE = Table(
+    "shapes",
+    MetaData(),
+    Column("a", Integer),
+    Column("f", Float),
+    Column("s", String(10), default="scalar"),
+    Column("c", String(10), default=lambda context: f"row {context.get_current_parameters()['a']}"),
+)
+DIALECT = create_engine("sqlite://").dialect
+
+
+def shape(keys: tuple[str, ...]) -> Shape:
+    target, _ = load_target(TABLE, None)
+    return Shape(keys, target, DIALECT, process=True)
+
+
+def test_a_chunk_converted_column_by_column_equals_its_rows_converted_one_by_one() -> None:
+    """Processors and a scalar default, column by column: the records row by row would make."""
+    made = shape(("a", "f", "c"))
+    assert made._by_column, "no default reads the row: the chunk goes column by column"
+    rows = [(1, 2), (3, 4.5), (5, None)]
+    rows = [(a, f, f"given {a}") for a, f in rows]
+    assert made.convert_all(rows) == [made.record(row) for row in rows]
+    assert made.convert_all(rows) == [
+        (1, 2.0, "given 1", "scalar"),
+        (3, 4.5, "given 3", "scalar"),
+        (5, None, "given 5", "scalar"),
+    ]
+
+
+def test_a_default_that_reads_its_row_is_made_row_by_row() -> None:
+    """A callable default sees each row's own values, in a chunk too."""
+    made = shape(("a",))
+    assert not made._by_column
+    assert made.convert_all([(1,), (2,)]) == [(1, "scalar", "row 1"), (2, "scalar", "row 2")]
