@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event, insert, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import NullPool
@@ -172,6 +172,16 @@ class Input:
 # -- the databases ------------------------------------------------------------------------------------
 
 
+def _recreate(conn: Connection, seeded: list[dict[str, Any]]) -> None:
+    """The scenario's tables dropped and made again, the ``seeded`` request-log rows in them."""
+    LogBase.metadata.drop_all(conn)
+    Base.metadata.drop_all(conn)
+    Base.metadata.create_all(conn)
+    LogBase.metadata.create_all(conn)
+    if seeded:
+        conn.execute(insert(LogRow), seeded)
+
+
 @dataclasses.dataclass
 class Place:
     """Where a part runs: its database's name, its context (sampler), engines, and table resets."""
@@ -197,12 +207,7 @@ def _pg_place(ctx: Context) -> Place:
         try:
             with engine.begin() as conn:
                 conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
-                LogBase.metadata.drop_all(conn)
-                Base.metadata.drop_all(conn)
-                Base.metadata.create_all(conn)
-                LogBase.metadata.create_all(conn)
-                if seeded:
-                    conn.execute(insert(LogRow), seeded)
+                _recreate(conn, seeded)
             with engine.connect() as conn, contextlib.suppress(Exception):
                 conn.execute(text("CHECKPOINT"))
         finally:
@@ -232,12 +237,7 @@ def _mysql_place(ctx: Context, db: mysql_db.MySQLDatabase) -> Place:
         try:
             with engine.begin() as conn:
                 conn.execute(text(f"CREATE DATABASE IF NOT EXISTS {SCHEMA}"))
-                LogBase.metadata.drop_all(conn)
-                Base.metadata.drop_all(conn)
-                Base.metadata.create_all(conn)
-                LogBase.metadata.create_all(conn)
-                if seeded:
-                    conn.execute(insert(LogRow), seeded)
+                _recreate(conn, seeded)
         finally:
             engine.dispose()
 
@@ -285,10 +285,7 @@ def _sqlite_place(ctx: Context, directory: Path) -> Place:
         engine = engine_of(1)
         try:
             with engine.begin() as conn:
-                Base.metadata.create_all(conn)
-                LogBase.metadata.create_all(conn)
-                if seeded:
-                    conn.execute(insert(LogRow), seeded)
+                _recreate(conn, seeded)
         finally:
             engine.dispose()
 
