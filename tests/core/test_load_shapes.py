@@ -41,3 +41,25 @@ def test_a_default_that_reads_its_row_is_made_row_by_row() -> None:
     made = shape(("a",))
     assert not made._by_column
     assert made.convert_all([(1,), (2,)]) == [(1, "scalar", "row 1"), (2, "scalar", "row 2")]
+
+
+class Fraction(float):
+    """A float subclass, as numpy's float64 is: SQLite's Float processor makes it a plain float."""
+
+
+def test_a_column_of_floats_skips_float_and_the_rows_are_the_records() -> None:
+    """SQLite's ``Float`` processor is ``float()``: a chunk of floats (or None) is sent as given."""
+    made = shape(("a", "f", "s", "c"))
+    rows = [(1, 2.5, "x", "y"), (2, None, "x", "y")]
+    assert made.convert_all(rows) is rows
+    assert made.convert_all(rows) == [made.record(row) for row in rows]
+
+
+def test_a_column_not_all_floats_goes_through_float() -> None:
+    """An int or a float subclass among the floats: every value is processed, as insert() would."""
+    made = shape(("a", "f", "s", "c"))
+    for odd in (3, Fraction(3.5), True):
+        rows = [(1, 2.5, "x", "y"), (2, odd, "x", "y")]
+        records = made.convert_all(rows)
+        assert records == [made.record(row) for row in rows]
+        assert type(records[1][1]) is float, odd

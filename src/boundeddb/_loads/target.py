@@ -7,14 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
-from typing import Any
+from operator import itemgetter
+from typing import Any, Final
 
 from sqlalchemy import Column, Table
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Dialect as SADialect
+from sqlalchemy.engine import processors as sa_processors
 from sqlalchemy.orm import Mapper
 
 __all__ = ["LoadTarget", "Shape", "load_target"]
+
+#: Bind processors that return a value of this type as it is (SQLite's ``Float`` and ``Numeric``:
+#: ``float(value)``): a chunk whose column holds only such values, or None, skips the processor.
+_UNCHANGED: Final[dict[Any, type]] = {sa_processors.to_float: float, sa_processors.to_str: str}
 
 
 class _DefaultContext:
@@ -35,7 +41,17 @@ class Shape:
     the record the bulk statement sends (Python defaults added, each type's bind processing done).
     """
 
-    __slots__ = ("_by_column", "_defaults", "_fixed", "_processors", "columns", "convert", "keys", "names")
+    __slots__ = (
+        "_by_column",
+        "_defaults",
+        "_fixed",
+        "_processors",
+        "_unchanged",
+        "columns",
+        "convert",
+        "keys",
+        "names",
+    )
 
     def __init__(
         self, keys: tuple[str, ...], target: LoadTarget, dialect: SADialect, *, process: bool
@@ -62,6 +78,10 @@ class Shape:
                 if processor is not None:
                     processors.append((position, processor))
         self._processors = processors
+        #: The processors that leave a value of one type as it is: ``(position, type)``.
+        self._unchanged = [
+            (position, _UNCHANGED[processor]) for position, processor in processors if processor in _UNCHANGED
+        ]
         #: A row's values, in :attr:`keys` order, turned into what the writer takes.
         self.convert: Callable[[Sequence[Any]], Any]
         if not process:
@@ -99,11 +119,17 @@ class Shape:
         """
         if not self._by_column or not rows:
             return list(map(self.convert, rows))
+        processors = self._processors
+        if self._unchanged:  # a column of floats need not go through float(): the rows may be records already
+            kept = {position for position, kind in self._unchanged if _holds_only(rows, position, kind)}
+            processors = [(position, processor) for position, processor in processors if position not in kept]
+            if not processors and not self._fixed and not self._defaults:
+                return rows
         count = len(rows)
         columns: list[Iterable[Any]] = list(zip(*rows, strict=True))
         columns += [repeat(value, count) for value in self._fixed]
         columns += [repeat(default.arg, count) for default in self._defaults]  # type: ignore[union-attr]
-        for position, processor in self._processors:
+        for position, processor in processors:
             columns[position] = map(processor, columns[position])
         return list(zip(*columns, strict=False))
 
@@ -111,6 +137,11 @@ class Shape:
         """The row's parameters for ``insert()``, by column key: SQLAlchemy adds defaults and processes."""
         values = (*values, *self._fixed) if self._fixed else values
         return {column.key: value for column, value in zip(self.columns, values, strict=True)}
+
+
+def _holds_only(rows: list[tuple[Any, ...]], position: int, kind: type) -> bool:
+    """Whether each row of ``rows`` holds at ``position`` exactly a ``kind`` (no subclass) or None."""
+    return set(map(type, map(itemgetter(position), rows))) <= {kind, type(None)}
 
 
 class LoadTarget:
