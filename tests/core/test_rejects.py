@@ -31,15 +31,16 @@ def refuse(rows: RowSearch, attempt: Attempt, offset: int, *, named: bool) -> No
 
 
 def search(
-    size: int, bad: set[int], *, lines: bool | set[int], pick: str = "first"
+    size: int, bad: set[int], *, lines: bool | set[int], pick: str = "first", alone: int = 0
 ) -> tuple[RowSearch, Counter[int], int]:
     """
     Run a RowSearch over a chunk of ``size`` rows whose ``bad`` offsets the fake database refuses,
     naming the refused row if ``lines`` is True, or if it is one of ``lines`` (a set). It refuses
     the ``pick`` of the attempt's bad rows: the first, or the last (PostgreSQL's COPY checks a CHECK
     as it reads a row but a unique key when it flushes its buffer, so it may name a later row first).
+    The last ``alone`` rows are set aside, to go one by one.
     """
-    rows = RowSearch(size)
+    rows = RowSearch(size, alone)
     written: Counter[int] = Counter()
     attempts = 0
     while (attempt := rows.next()) is not None:
@@ -60,9 +61,11 @@ def search(
     return rows, written, attempts
 
 
-def check(size: int, bad: set[int], *, lines: bool | set[int], pick: str = "first") -> RowSearch:
+def check(
+    size: int, bad: set[int], *, lines: bool | set[int], pick: str = "first", alone: int = 0
+) -> RowSearch:
     """Every good row written once, every bad one rejected once with its own error; the search returned."""
-    rows, written, _ = search(size, bad, lines=lines, pick=pick)
+    rows, written, _ = search(size, bad, lines=lines, pick=pick, alone=alone)
     assert written == Counter(offset for offset in range(size) if offset not in bad)
     assert sorted(offset for offset, _ in rows.rejected) == sorted(bad)
     assert all(isinstance(error, Refusal) and error.args[0] == offset for offset, error in rows.rejected)
@@ -179,3 +182,32 @@ def test_bisection_of_one_bad_row_sends_about_log2_chunks() -> None:
     size = 4096
     rows = check(size, {1234}, lines=False)
     assert rows.sent <= 3 * size, rows.sent
+
+
+def test_rows_set_aside_go_one_by_one_after_the_others() -> None:
+    """alone=3: the first seven rows in one attempt, then each of the last three alone, bad or good."""
+    rows = RowSearch(10, alone=3)
+    attempts = []
+    while (attempt := rows.next()) is not None:
+        attempts.append((attempt.spans, attempt.exact))
+        if offsets(attempt) == [8]:
+            refuse(rows, attempt, 8, named=False)
+        else:
+            rows.loaded(attempt)
+    assert attempts == [(((0, 7),), False), (((7, 8),), True), (((8, 9),), True), (((9, 10),), True)]
+    assert [offset for offset, _ in rows.rejected] == [8]
+    assert rows.done
+    assert rows.sent == 10
+
+
+@pytest.mark.parametrize("lines", [True, False], ids=["lines", "bisection"])
+def test_random_layouts_with_rows_set_aside(lines: bool) -> None:
+    """Bad rows among the set-aside and the others: the same promise; set aside, they cost no search."""
+    rng = random.Random(44)
+    for _ in range(200):
+        size = rng.randint(1, 60)
+        alone = rng.randint(0, size)
+        bad = {offset for offset in range(size) if rng.random() < 0.2}
+        rows = check(size, bad, lines=lines, alone=alone)
+        if all(offset >= size - alone for offset in bad):
+            assert rows.sent == size, "each bad row set aside is sent once, alone"

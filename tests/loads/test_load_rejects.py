@@ -143,6 +143,11 @@ async def test_each_kind_of_bad_row_is_rejected_alone(bkit: BatchKit, tables: Ta
             error_type = sa_exc.DBAPIError  # what insert() raises too: SQLAlchemy maps no asyncpg DataError
         assert isinstance(rejected.error, error_type), (kind, rejected.error)
         assert code_of(rejected.error) == code, (kind, rejected.error)
+        assert rejected.error.__traceback__ is None, "no frames (and the attempt's records) held"
+        assert all(
+            link is None or link.__traceback__ is None
+            for link in (rejected.error.__cause__, rejected.error.__context__)
+        )
     good = [i for i in range(60) if i not in where]
     assert (report.loaded, report.transactions, report.skipped) == (len(good), 3, 0)
     assert tables.column(tables.people, "n") == [-1, *good]

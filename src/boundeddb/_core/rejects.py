@@ -86,23 +86,27 @@ class RowSearch:
        carried over more than :data:`CARRY_WINDOWS` windows go alone first.
     3. A refusal that names no row (a foreign key checked at the end of the statement, MySQL, SQLite)
        is bisected: each half goes again alone, down to the single row to reject.
+    4. The last ``alone`` rows of the chunk, rows set aside as likely to be refused (a key the table
+       holds), go one by one after all the others.
     """
 
-    __slots__ = ("_carried", "_pending", "_position", "_size", "_window", "rejected", "sent")
+    __slots__ = ("_alone", "_carried", "_pending", "_position", "_size", "_window", "rejected", "sent")
 
-    def __init__(self, size: int) -> None:
-        self._size = size
+    def __init__(self, size: int, alone: int = 0, *, sent: int = 0) -> None:
+        #: The rows the scan covers; the last ``alone`` rows go one by one after them.
+        self._size = size - alone
+        self._alone = deque(Attempt(((at, at + 1),), exact=True) for at in range(self._size, size))
         #: Exact attempts still to make, before the scan goes on.
         self._pending: deque[Attempt] = deque()
         #: Rows the scan found good and has not written yet.
         self._carried: Spans = ()
         #: Where the scan's new rows start, and how many its next attempt adds.
         self._position = 0
-        self._window = size
+        self._window = self._size
         #: The refused rows' offsets in the chunk, with what refused them, in the order found.
         self.rejected: list[tuple[int, Exception]] = []
-        #: Rows sent over all attempts: ``size`` when no row is refused.
-        self.sent = 0
+        #: Rows sent over all attempts, from ``sent`` (an earlier search's): ``size`` if none is refused.
+        self.sent = sent
 
     def next(self) -> Attempt | None:
         """The next attempt to make, or ``None`` once every row is written or rejected."""
@@ -112,6 +116,8 @@ class RowSearch:
             stop = min(self._size, self._position + self._window)
             new = ((self._position, stop),) if stop > self._position else ()
             attempt = Attempt(self._carried + new, exact=False)
+        elif self._alone:
+            attempt = self._alone.popleft()
         else:
             return None
         self.sent += attempt.rows
@@ -120,7 +126,7 @@ class RowSearch:
     @property
     def done(self) -> bool:
         """Whether every row is written or rejected: :meth:`next` would return None."""
-        return not self._pending and not self._carried and self._position >= self._size
+        return not self._pending and not self._carried and self._position >= self._size and not self._alone
 
     def loaded(self, attempt: Attempt) -> None:
         """``attempt``'s rows were written."""

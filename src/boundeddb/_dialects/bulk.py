@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .copy_text import copies_as_text, text_line
 from .postgresql import sqlstate
 
-__all__ = ["BulkWriter", "Refused", "bulk_writer"]
+__all__ = ["BulkWriter", "Refused", "bulk_writer", "is_duplicate_key"]
 
 #: SQLSTATEs of a row refused for its own values, the row named by the COPY's error context. A foreign
 #: key's and a deferred constraint's checks run at the end of the statement, where no line is known.
@@ -46,6 +46,14 @@ SET_SAVEPOINT: Final = f"SAVEPOINT {SAVEPOINT}"
 ROLLBACK_TO_SAVEPOINT: Final = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}"
 #: On PostgreSQL, in one round trip: the savepoint set again without nesting one more level.
 RESET_SAVEPOINT: Final = f"RELEASE SAVEPOINT {SAVEPOINT}; {SET_SAVEPOINT}"
+
+
+def _pooled(connection: AsyncConnection) -> Any:
+    """
+    The pooled connection of ``connection``, which the chunk's transaction has begun on: taken
+    without ``get_raw_connection()``'s hop into a greenlet, once per attempt.
+    """
+    return connection.sync_connection.connection  # type: ignore[union-attr]
 
 
 class Refused(Exception):
@@ -135,6 +143,18 @@ class BulkWriter:
             raise self._refused_or_raise(error) from None
 
 
+def is_duplicate_key(error: BaseException) -> bool:
+    """Whether ``error`` refuses a row for a key that a unique constraint or index already holds."""
+    if not isinstance(error, sa_exc.IntegrityError) or error.orig is None:
+        return False
+    if error.orig.args and isinstance(error.orig.args[0], int):  # MySQL's drivers: ER_DUP_ENTRY
+        return error.orig.args[0] == 1062
+    code = sqlstate(error.orig)
+    if code is not None:
+        return code == "23505"
+    return str(error.orig).startswith("UNIQUE constraint failed")  # SQLite
+
+
 class ExecutemanyWriter(BulkWriter):
     """
     One ``INSERT`` of a row's placeholders, run by the driver's ``executemany()`` with the records:
@@ -205,9 +225,9 @@ class AsyncpgCopy(_CopyWriter):
     """asyncpg's binary ``copy_records_to_table()``; the savepoint set through asyncpg, one round trip."""
 
     async def _execute(self, connection: AsyncConnection, statement: str) -> None:
-        raw = await connection.get_raw_connection()
+        raw = _pooled(connection)
         try:
-            await raw.driver_connection.execute(statement)  # type: ignore[union-attr]
+            await raw.driver_connection.execute(statement)
         except Exception as error:
             raise self._translated(raw, statement, error) from error
 
@@ -228,9 +248,9 @@ class AsyncpgCopy(_CopyWriter):
     async def write_async(
         self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: list[Any]
     ) -> None:
-        raw = await connection.get_raw_connection()
+        raw = _pooled(connection)
         try:
-            await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
+            await raw.driver_connection.copy_records_to_table(
                 table.name, records=rows, columns=list(names), schema_name=table.schema
             )
         except (TypeError, ValueError, OverflowError) as error:  # a value asyncpg cannot encode
@@ -247,7 +267,7 @@ class PsycopgCopy(_CopyWriter):
     """psycopg 3's ``cursor.copy()``, sync and async, in text format; the savepoint set through psycopg."""
 
     async def _execute_async(self, connection: AsyncConnection, statement: str) -> None:
-        driver: Any = (await connection.get_raw_connection()).driver_connection
+        driver: Any = _pooled(connection).driver_connection
         try:
             await driver.execute(statement)
         except self._dialect.loaded_dbapi.Error as error:
@@ -275,7 +295,7 @@ class PsycopgCopy(_CopyWriter):
     async def write_async(
         self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: list[Any]
     ) -> None:
-        raw = await connection.get_raw_connection()
+        raw = _pooled(connection)
         driver: Any = raw.driver_connection
         statement = self._statement(table, names)
         try:

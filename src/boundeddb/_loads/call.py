@@ -21,9 +21,11 @@ from .._dialects.bulk import bulk_writer
 from .._errors import LoadFailed
 from .._outcome import ChunkResult, LoadReport, Outcome, RejectedRow
 from .._stats import RunStats
-from .chunks import AsyncChunkUnit, ChunkMaker, ChunkSettings, FirstRefused, SyncChunkUnit
+from .chunks import Chunk, ChunkMaker
+from .keys import KeyCheck
 from .ranges import KEY_PREFIX, IndexRanges
 from .target import load_target
+from .units import AsyncChunkUnit, ChunkSettings, FirstRefused, SyncChunkUnit
 
 __all__ = ["DEFAULT_BATCH", "LoadCall"]
 
@@ -77,12 +79,20 @@ class LoadCall:
         #: The journal's rows (``JournalRows``), made by the runner from ``journal=``, or None.
         self._journal = journal
         writer = bulk_writer(engine.dialect, self._target.table, self._target.needs_insert is not None)
-        settings = ChunkSettings(self._target, writer, self._journal, dialect, raise_first=raise_first)
+        keys = None
+        if writer.takes_records and not raise_first:  # with "raise", the first refused row ends the load
+            keys = KeyCheck(self._target.table, engine.dialect)
+        settings = ChunkSettings(
+            self._target, writer, self._journal, dialect, keys if keys and keys.usable else None,
+            raise_first=raise_first,
+        )  # fmt: skip
         self._settings = settings
         self._names = names
         self._engine = engine
         self._writer = writer
-        self._unit_type = AsyncChunkUnit if async_units else SyncChunkUnit
+        self._unit_type: type[AsyncChunkUnit | SyncChunkUnit] = (
+            AsyncChunkUnit if async_units else SyncChunkUnit
+        )
         self._maker: ChunkMaker | None = None
 
     @property
@@ -96,14 +106,17 @@ class LoadCall:
         done = 0 if self._maker is None else self._maker.done_count
         return range(math.ceil(max(0, self._rows_total - done) / self._batch))
 
+    def _unit(self, chunk: Chunk) -> AsyncChunkUnit | SyncChunkUnit:
+        """The unit that writes ``chunk``."""
+        return self._unit_type(chunk, self._settings)
+
     async def units(self) -> Iterable[Any] | AsyncIterable[Any]:
         """The call's chunk units, pulled lazily, once the journal said which rows committed before."""
         done = IndexRanges()
         if self._journal is not None:
             done = IndexRanges.from_keys(await self._journal.keys_starting(KEY_PREFIX))
         maker = self._maker = ChunkMaker(
-            self._target, self._names, self._batch, self._writer, self._engine.dialect, done, self._unit_type,
-            self._settings,
+            self._target, self._names, self._batch, self._writer, self._engine.dialect, done, self._unit,
         )  # fmt: skip
         rows = self._rows
         if isinstance(rows, AsyncIterable):

@@ -6,29 +6,18 @@ transaction of its own by a unit that finds and rejects the rows the database re
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import filterfalse, islice
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session
-
 from .._core.rejects import Attempt, RowSearch
-from .._dialects import Dialect
-from .._dialects.bulk import BulkWriter, Refused
+from .._dialects.bulk import BulkWriter
 from .._outcome import ChunkResult, RejectedRow
+from .keys import one_item
 from .ranges import IndexRanges
 from .target import LoadTarget, Shape
 
-__all__ = ["Chunk", "ChunkMaker", "FirstRefused"]
-
-
-class FirstRefused(Exception):
-    """A refused row with ``errors="raise"``: its chunk rolls back and the load stops."""
-
-    def __init__(self, rejected: RejectedRow) -> None:
-        super().__init__(rejected.index, rejected.error)
-        self.rejected = rejected
+__all__ = ["Chunk", "ChunkMaker"]
 
 
 class Chunk:
@@ -75,6 +64,13 @@ class Chunk:
             return data if start == 0 and stop == len(data) else data[start:stop]
         return [record for start, stop in spans for record in data[start:stop]]
 
+    def set_aside(self, offsets: list[int]) -> None:
+        """Move the rows at ``offsets``, given in increasing order, after the others, in their order."""
+        order = list(filterfalse(set(offsets).__contains__, range(len(self.rows)))) + offsets
+        self.rows = list(map(self.rows.__getitem__, order))
+        self.indexes = list(map(self.indexes.__getitem__, order))
+        self.data = list(map(self.data.__getitem__, order))
+
     def result(self, search: RowSearch, journal: Any) -> tuple[ChunkResult, list[str]]:
         """The chunk's result once ``search`` ended, and the journal keys of the index runs it committed."""
         rejected = [
@@ -89,7 +85,7 @@ class Chunk:
             else:
                 refused = {offset for offset, _ in search.rejected}
                 keys = IndexRanges.keys_of(
-                    index for offset, index in enumerate(indexes) if offset not in refused
+                    sorted(index for offset, index in enumerate(indexes) if offset not in refused)
                 )
         return ChunkResult(len(self.rows) - len(rejected), rejected, search.sent), keys
 
@@ -105,8 +101,7 @@ class ChunkMaker:
         writer: BulkWriter,
         dialect: Any,
         done: IndexRanges,
-        unit_type: type[ChunkUnit],
-        settings: ChunkSettings,
+        make_unit: Callable[[Chunk], Any],
     ) -> None:
         self._target = target
         self._columns = columns
@@ -114,8 +109,8 @@ class ChunkMaker:
         self._writer = writer
         self._dialect = dialect
         self._done = done
-        self._unit_type = unit_type
-        self._settings = settings
+        #: What makes a chunk's unit.
+        self._make_unit = make_unit
         self._shapes: dict[tuple[str, ...], Shape] = {}
         self._getters: dict[Shape, Callable[[Any], tuple[Any, ...]]] = {}
         #: Rows skipped because the journal says they committed.
@@ -164,7 +159,7 @@ class ChunkMaker:
         getter = self._getters.get(shape)
         if getter is None:
             keys = shape.keys
-            getter = self._getters[shape] = itemgetter(*keys) if len(keys) > 1 else _single(keys[0])
+            getter = self._getters[shape] = itemgetter(*keys) if len(keys) > 1 else one_item(keys[0])
         return getter
 
     def _taken(self, index: int, row: Any, rows: list[Any], indexes: list[int]) -> None:
@@ -175,7 +170,7 @@ class ChunkMaker:
             rows.append(row)
             indexes.append(index)
 
-    def chunks(self, rows: Iterable[Any]) -> Iterator[ChunkUnit]:
+    def chunks(self, rows: Iterable[Any]) -> Iterator[Any]:
         """The units of ``rows``, pulled one chunk at a time, as the runner asks for the next."""
         iterator, batch, index = iter(rows), self._batch, 0
         while True:
@@ -192,9 +187,9 @@ class ChunkMaker:
                         break
             if not taken:
                 return
-            yield self._unit_type(self._chunk(taken, indexes), self._settings)
+            yield self._make_unit(self._chunk(taken, indexes))
 
-    async def chunks_async(self, rows: AsyncIterable[Any]) -> AsyncIterator[ChunkUnit]:
+    async def chunks_async(self, rows: AsyncIterable[Any]) -> AsyncIterator[Any]:
         """As :meth:`chunks`, for an async iterable."""
         iterator, batch, index = aiter(rows), self._batch, 0
         while True:
@@ -207,120 +202,4 @@ class ChunkMaker:
                     break
             if not taken:
                 return
-            yield self._unit_type(self._chunk(taken, indexes), self._settings)
-
-
-def _single(key: str) -> Callable[[Any], tuple[Any, ...]]:
-    """``itemgetter(key)``, returning a tuple of one value as ``itemgetter`` of several keys does."""
-
-    def get(row: Any) -> tuple[Any, ...]:
-        return (row[key],)
-
-    return get
-
-
-class ChunkSettings:
-    """What every chunk unit of a call shares: where and how it writes, and what it does with a bad row."""
-
-    __slots__ = ("dialect", "journal", "raise_first", "table", "writer")
-
-    def __init__(
-        self, target: LoadTarget, writer: BulkWriter, journal: Any, dialect: Dialect, *, raise_first: bool
-    ) -> None:
-        self.table = target.table
-        self.writer = writer
-        #: The call's ``JournalRows``, or None.
-        self.journal = journal
-        #: The database's facts: what each chunk's transaction runs first.
-        self.dialect = dialect
-        self.raise_first = raise_first
-
-
-class ChunkUnit:
-    """A unit that writes one chunk in its session's transaction."""
-
-    __slots__ = ("chunk", "settings")
-
-    def __init__(self, chunk: Chunk, settings: ChunkSettings) -> None:
-        self.chunk = chunk
-        self.settings = settings
-
-    def _refused(self, search: RowSearch, attempt: Attempt, statement: Attempt, refusal: Refused) -> None:
-        """Tell ``search`` that ``statement``, of ``attempt``'s rows, was refused."""
-        offset = None if refusal.line is None else statement.offset(refusal.line)
-        if self.settings.raise_first:
-            if offset is None and attempt.rows == 1:
-                offset = attempt.spans[0][0]
-            if offset is not None:  # the first refused row: found without a search
-                chunk = self.chunk
-                raise FirstRefused(RejectedRow(chunk.indexes[offset], chunk.rows[offset], refusal.error))
-        search.refused(attempt, refusal.error, offset)
-
-
-class AsyncChunkUnit(ChunkUnit):
-    """A :class:`ChunkUnit` on an ``AsyncSession``."""
-
-    __slots__ = ()
-
-    def __call__(self, session: AsyncSession) -> Any:
-        return self._write(session)
-
-    async def _write(self, session: AsyncSession) -> ChunkResult:
-        settings, chunk = self.settings, self.chunk
-        connection = await session.connection()
-        prepare = settings.dialect.load_prepare_sql((await connection.get_raw_connection()).driver_connection)
-        if prepare is not None:
-            await connection.exec_driver_sql(prepare)
-        search = RowSearch(len(chunk.rows))
-        writer, table = settings.writer, settings.table
-        await writer.savepoint_async(connection, again=False)
-        # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
-        while (attempt := search.next()) is not None:
-            for shape, statement, records in chunk.statements(attempt):
-                try:
-                    await writer.write_async(connection, table, shape.names, records)
-                except Refused as refusal:
-                    await writer.rollback_async(connection)
-                    self._refused(search, attempt, statement, refusal)
-                    break
-            else:
-                search.loaded(attempt)
-                if not search.done:
-                    await writer.savepoint_async(connection, again=True)
-        result, keys = chunk.result(search, settings.journal)
-        if keys:
-            await settings.journal.write_many_async(session, keys)
-        return result
-
-
-class SyncChunkUnit(ChunkUnit):
-    """A :class:`ChunkUnit` on a sync ``Session``, in a worker thread."""
-
-    __slots__ = ()
-
-    def __call__(self, session: Session) -> ChunkResult:
-        settings, chunk = self.settings, self.chunk
-        connection = session.connection()
-        prepare = settings.dialect.load_prepare_sql(connection.connection.driver_connection)
-        if prepare is not None:
-            connection.exec_driver_sql(prepare)
-        search = RowSearch(len(chunk.rows))
-        writer, table = settings.writer, settings.table
-        writer.savepoint_sync(connection, again=False)
-        # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
-        while (attempt := search.next()) is not None:
-            for shape, statement, records in chunk.statements(attempt):
-                try:
-                    writer.write_sync(connection, table, shape.names, records)
-                except Refused as refusal:
-                    writer.rollback_sync(connection)
-                    self._refused(search, attempt, statement, refusal)
-                    break
-            else:
-                search.loaded(attempt)
-                if not search.done:
-                    writer.savepoint_sync(connection, again=True)
-        result, keys = chunk.result(search, settings.journal)
-        if keys:
-            settings.journal.write_many_sync(session, keys)
-        return result
+            yield self._make_unit(self._chunk(taken, indexes))

@@ -1,0 +1,163 @@
+"""
+A load's duplicate keys found before its chunk is written: once a chunk of the load has had a row
+refused for a duplicate key, each next chunk asks the table which of its unique keys it holds, and
+the rows that repeat one (or repeat an earlier row of the chunk) go alone after the others.
+
+It only orders the attempts: the database still decides which row is refused, with its own error. A
+key the check misses (a unique index the metadata does not declare, a row of a chunk in flight) is
+found by the search as before; a row it sets aside that the table takes is written alone.
+:doc:`/explanation/loads` tells what it saves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from itertools import compress
+from operator import itemgetter
+from typing import Any, Final
+
+from sqlalchemy import ARRAY, Column, Index, Table, UniqueConstraint, any_, bindparam, select, tuple_
+from sqlalchemy.engine import Dialect as SADialect
+from sqlalchemy.sql import Select
+
+from .target import Shape
+
+__all__ = ["KeyCheck", "KeyQuery", "one_item"]
+
+#: The most keys one statement asks for where they go one placeholder each (not PostgreSQL's arrays).
+KEYS_PER_STATEMENT: Final = 1000
+
+
+def unique_keys(table: Table, dialect: SADialect) -> list[tuple[Column[Any], ...]]:
+    """
+    The table's unique keys that the check can ask for: the primary key, unique constraints and
+    plain unique indexes of columns whose values go to the driver and come back unprocessed.
+    """
+    found: list[tuple[Column[Any], ...]] = []
+    candidates: list[Sequence[Any]] = [list(table.primary_key.columns)]
+    for constraint in table.constraints:
+        if isinstance(constraint, UniqueConstraint):
+            candidates.append(list(constraint.columns))
+    for index in table.indexes:
+        partial = any(options.get("where") for options in index.dialect_options.values())
+        if isinstance(index, Index) and index.unique and not partial:
+            candidates.append(list(index.expressions))
+    for columns in candidates:
+        if not columns or not all(isinstance(c, Column) and c.table is table for c in columns):
+            continue
+        plain = all(
+            c.type.dialect_impl(dialect).bind_processor(dialect) is None
+            and c.type.dialect_impl(dialect).result_processor(dialect, None) is None
+            for c in columns
+        )
+        if plain and tuple(columns) not in found:
+            found.append(tuple(columns))
+    return found
+
+
+class KeyQuery:
+    """
+    One unique key of the rows of one shape: what takes it from a record (a one-column key's value, a
+    longer key's tuple) and the statement that asks the table which of some keys it holds.
+    """
+
+    __slots__ = ("array", "get", "single", "statement")
+
+    def __init__(self, columns: tuple[Column[Any], ...], names: list[str], *, arrays: bool) -> None:
+        self.get: Callable[[Any], Any] = itemgetter(*(names.index(c.name) for c in columns))
+        self.single = len(columns) == 1
+        #: Whether the statement takes every key as one array (PostgreSQL's one-column keys), not lists.
+        self.array = self.single and arrays
+        keys = (
+            bindparam("keys", type_=ARRAY(columns[0].type))
+            if self.array
+            else bindparam("keys", expanding=True)
+        )
+        if self.array:
+            where = columns[0] == any_(keys)
+        else:
+            where = (columns[0] if self.single else tuple_(*columns)).in_(keys)
+        self.statement: Select[Any] = select(*columns).where(where)
+
+    def parameters(self, records: list[Any]) -> list[dict[str, Any]]:
+        """The parameters of the statements that ask for the keys of ``records``: NULLs are never held."""
+        keys = list(map(self.get, records))
+        if not self.single or None in keys:
+            keys = [key for key in keys if not _has_null(key)]
+        if self.array:
+            return [{"keys": keys}]
+        return [
+            {"keys": keys[start : start + KEYS_PER_STATEMENT]}
+            for start in range(0, len(keys), KEYS_PER_STATEMENT)
+        ]
+
+    def keys_of(self, rows: Iterable[Sequence[Any]]) -> Iterable[Any]:
+        """The keys in the statement's result ``rows``, as :attr:`get` takes them from a record."""
+        return (row[0] for row in rows) if self.single else map(tuple, rows)
+
+
+class KeyCheck:
+    """
+    The unique keys of a load's table and whether to check them: :attr:`armed` once a row was refused
+    for a duplicate key, and until a chunk's check finds none.
+    """
+
+    def __init__(self, table: Table, dialect: SADialect) -> None:
+        self._keys = unique_keys(table, dialect)
+        self._arrays = dialect.name == "postgresql"
+        #: Whether the next chunk checks its keys.
+        self.armed = False
+        self._queries: dict[Shape, list[KeyQuery]] = {}
+
+    @property
+    def usable(self) -> bool:
+        """Whether the table has a key the check can ask for."""
+        return bool(self._keys)
+
+    def queries(self, shape: Shape) -> list[KeyQuery]:
+        """The keys that rows of ``shape`` give: a key they do not give is the database's to fill."""
+        queries = self._queries.get(shape)
+        if queries is None:
+            names = shape.names
+            queries = self._queries[shape] = [
+                KeyQuery(columns, names, arrays=self._arrays)
+                for columns in self._keys
+                if all(c.name in names for c in columns)
+            ]
+        return queries
+
+    def repeated(self, records: list[Any], found: list[tuple[KeyQuery, Sequence[Any]]]) -> list[int]:
+        """
+        The offsets, in order, of the ``records`` whose key the table holds (``found``: each statement's
+        result rows) or an earlier record has; and disarm the check if there are none.
+        """
+        held: dict[KeyQuery, set[Any]] = {}
+        for query, rows in found:
+            held.setdefault(query, set()).update(query.keys_of(rows))
+        offsets: set[int] = set()
+        for query, keys_held in held.items():
+            keys = list(map(query.get, records))
+            offsets.update(compress(range(len(keys)), map(keys_held.__contains__, keys)))
+            if len(set(keys)) < len(keys):  # a key repeated in the chunk: each after its first
+                seen: set[Any] = set()
+                for offset, key in enumerate(keys):
+                    if key in seen and not _has_null(key):
+                        offsets.add(offset)
+                    seen.add(key)
+        if not offsets:
+            self.armed = False
+        return sorted(offsets)
+
+
+def _has_null(key: Any) -> bool:
+    """Whether a key is NULL or has a NULL: NULLs are distinct, never a duplicate."""
+    return key is None or (key.__class__ is tuple and None in key)
+
+
+def one_item(key: Any) -> Callable[[Any], tuple[Any, ...]]:
+    """``itemgetter(key)``, returning a tuple of one value as ``itemgetter`` of several keys does."""
+
+    def get(row: Any) -> tuple[Any, ...]:
+        return (row[key],)
+
+    return get

@@ -1,0 +1,237 @@
+"""
+A ``load()``'s chunk units: each writes one chunk in its session's transaction, finds the rows the
+database refuses with a :class:`~boundeddb._core.rejects.RowSearch` and rejects them alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from .._core.rejects import Attempt, RowSearch
+from .._dialects import Dialect
+from .._dialects.bulk import BulkWriter, Refused, is_duplicate_key
+from .._outcome import ChunkResult, RejectedRow
+from .chunks import Chunk
+from .keys import KeyCheck, KeyQuery
+from .target import LoadTarget
+
+__all__ = ["AsyncChunkUnit", "ChunkSettings", "ChunkUnit", "FirstRefused", "SyncChunkUnit"]
+
+
+class FirstRefused(Exception):
+    """A refused row with ``errors="raise"``: its chunk rolls back and the load stops."""
+
+    def __init__(self, rejected: RejectedRow) -> None:
+        super().__init__(rejected.index, rejected.error)
+        self.rejected = rejected
+
+
+def _without_tracebacks(error: Exception) -> Exception:
+    """
+    ``error``, kept in the report, without its tracebacks and those of the errors it chains: their
+    frames would hold the refused attempt's records, a chunk's worth for each rejected row.
+    """
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return error
+
+
+class ChunkSettings:
+    """What every chunk unit of a call shares: where and how it writes, and what it does with a bad row."""
+
+    __slots__ = ("dialect", "journal", "keys", "raise_first", "table", "writer")
+
+    def __init__(
+        self,
+        target: LoadTarget,
+        writer: BulkWriter,
+        journal: Any,
+        dialect: Dialect,
+        keys: KeyCheck | None,
+        *,
+        raise_first: bool,
+    ) -> None:
+        self.table = target.table
+        self.writer = writer
+        #: The call's ``JournalRows``, or None.
+        self.journal = journal
+        #: The database's facts: what each chunk's transaction runs first.
+        self.dialect = dialect
+        #: The table's unique keys, checked before a chunk once a duplicate was refused; or None.
+        self.keys = keys
+        self.raise_first = raise_first
+
+
+class ChunkUnit:
+    """A unit that writes one chunk in its session's transaction."""
+
+    __slots__ = ("checked", "chunk", "settings")
+
+    def __init__(self, chunk: Chunk, settings: ChunkSettings) -> None:
+        self.chunk = chunk
+        self.settings = settings
+        #: Whether the chunk's keys were checked.
+        self.checked = False
+
+    def _refused(self, search: RowSearch, attempt: Attempt, statement: Attempt, refusal: Refused) -> bool:
+        """
+        Tell ``search`` that ``statement``, of ``attempt``'s rows, was refused; or return True: the
+        chunk's first attempt was refused for a duplicate key, and the chunk checks its keys and starts again.
+        """
+        offset = None if refusal.line is None else statement.offset(refusal.line)
+        if self.settings.raise_first:
+            if offset is None and attempt.rows == 1:
+                offset = attempt.spans[0][0]
+            if offset is not None:  # the first refused row: found without a search
+                chunk = self.chunk
+                raise FirstRefused(RejectedRow(chunk.indexes[offset], chunk.rows[offset], refusal.error))
+        keys = self.settings.keys
+        if keys is not None and is_duplicate_key(refusal.error):
+            keys.armed = True
+            chunk = self.chunk
+            if not self.checked and len(chunk.runs) == 1 and search.sent == attempt.rows == len(chunk.rows):
+                return True
+        search.refused(attempt, _without_tracebacks(refusal.error), offset)
+        return False
+
+    def _queries(self) -> list[tuple[KeyQuery, dict[str, Any]]] | None:
+        """The statements that check the chunk's keys, if the load met a duplicate key; else None."""
+        keys, chunk = self.settings.keys, self.chunk
+        if keys is None or not keys.armed or len(chunk.runs) != 1 or self.checked:
+            return None
+        self.checked = True
+        return [
+            (query, parameters)
+            for query in keys.queries(chunk.runs[0][0])
+            for parameters in query.parameters(chunk.data)
+        ]
+
+    def _set_aside(self, found: list[tuple[KeyQuery, Sequence[Any]]]) -> int:
+        """Set aside the rows whose key the table (``found``) or an earlier row has: how many."""
+        chunk, keys = self.chunk, self.settings.keys
+        assert keys is not None
+        offsets = keys.repeated(chunk.data, found)
+        if offsets:
+            chunk.set_aside(offsets)
+        return len(offsets)
+
+    def _check_failed(self, error: sa_exc.DBAPIError) -> None:
+        """The check's statement failed: it is not asked again in this load, unless the connection is lost."""
+        if error.connection_invalidated:
+            raise error
+        self.settings.keys = None
+
+
+class AsyncChunkUnit(ChunkUnit):
+    """A :class:`ChunkUnit` on an ``AsyncSession``."""
+
+    __slots__ = ()
+
+    def __call__(self, session: AsyncSession) -> Any:
+        return self._write(session)
+
+    async def _check_keys_async(self, connection: AsyncConnection) -> int:
+        """Set aside the chunk's rows of keys already held, if the load checks keys: how many."""
+        queries = self._queries()
+        if not queries:
+            return 0
+        try:
+            found = [
+                (query, (await connection.execute(query.statement, parameters)).all())
+                for query, parameters in queries
+            ]
+        except sa_exc.DBAPIError as error:
+            self._check_failed(error)
+            await self.settings.writer.rollback_async(connection)
+            return 0
+        return self._set_aside(found)
+
+    async def _write(self, session: AsyncSession) -> ChunkResult:
+        settings, chunk = self.settings, self.chunk
+        connection = await session.connection()
+        prepare = settings.dialect.load_prepare_sql((await connection.get_raw_connection()).driver_connection)
+        if prepare is not None:
+            await connection.exec_driver_sql(prepare)
+        writer, table = settings.writer, settings.table
+        await writer.savepoint_async(connection, again=False)
+        search = RowSearch(len(chunk.rows), alone=await self._check_keys_async(connection))
+        # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
+        while (attempt := search.next()) is not None:
+            for shape, statement, records in chunk.statements(attempt):
+                try:
+                    await writer.write_async(connection, table, shape.names, records)
+                except Refused as refusal:
+                    await writer.rollback_async(connection)
+                    if self._refused(search, attempt, statement, refusal):  # start again, keys checked
+                        alone = await self._check_keys_async(connection)
+                        search = RowSearch(len(chunk.rows), alone, sent=search.sent)
+                    break
+            else:
+                search.loaded(attempt)
+                if not search.done:
+                    await writer.savepoint_async(connection, again=True)
+        result, keys = chunk.result(search, settings.journal)
+        if keys:
+            await settings.journal.write_many_async(session, keys)
+        return result
+
+
+class SyncChunkUnit(ChunkUnit):
+    """A :class:`ChunkUnit` on a sync ``Session``, in a worker thread."""
+
+    __slots__ = ()
+
+    def _check_keys_sync(self, connection: Connection) -> int:
+        """As :meth:`AsyncChunkUnit._check_keys_async`, on a sync connection."""
+        queries = self._queries()
+        if not queries:
+            return 0
+        try:
+            found = [
+                (query, connection.execute(query.statement, parameters).all())
+                for query, parameters in queries
+            ]
+        except sa_exc.DBAPIError as error:
+            self._check_failed(error)
+            self.settings.writer.rollback_sync(connection)
+            return 0
+        return self._set_aside(found)
+
+    def __call__(self, session: Session) -> ChunkResult:
+        settings, chunk = self.settings, self.chunk
+        connection = session.connection()
+        prepare = settings.dialect.load_prepare_sql(connection.connection.driver_connection)
+        if prepare is not None:
+            connection.exec_driver_sql(prepare)
+        writer, table = settings.writer, settings.table
+        writer.savepoint_sync(connection, again=False)
+        search = RowSearch(len(chunk.rows), alone=self._check_keys_sync(connection))
+        # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
+        while (attempt := search.next()) is not None:
+            for shape, statement, records in chunk.statements(attempt):
+                try:
+                    writer.write_sync(connection, table, shape.names, records)
+                except Refused as refusal:
+                    writer.rollback_sync(connection)
+                    if self._refused(search, attempt, statement, refusal):  # start again, keys checked
+                        alone = self._check_keys_sync(connection)
+                        search = RowSearch(len(chunk.rows), alone, sent=search.sent)
+                    break
+            else:
+                search.loaded(attempt)
+                if not search.done:
+                    writer.savepoint_sync(connection, again=True)
+        result, keys = chunk.result(search, settings.journal)
+        if keys:
+            settings.journal.write_many_sync(session, keys)
+        return result
