@@ -8,7 +8,7 @@ outcomes turned into a :class:`~boundeddb.LoadReport`.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterable, Callable, Iterable
+from collections.abc import AsyncIterable, Iterable
 from typing import Any, Final
 
 from sqlalchemy.engine import Engine
@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from .._arguments import checked_iterable
 from .._core.recorder import Recorder
 from .._core.run import Run
+from .._core.sinks import ListSink
 from .._dialects import Dialect
 from .._dialects.bulk import bulk_writer
 from .._errors import LoadFailed
@@ -52,6 +53,24 @@ def check_load_errors(errors: object) -> bool:
         msg = f'errors must be "collect" or "raise", got {errors!r}'
         raise ValueError(msg)
     return errors == "raise"
+
+
+class RowsSink(ListSink):
+    """
+    Every chunk's outcome, from any thread, each committed chunk's rows counted in the recorder as it
+    settles, so that ``statistics()`` shows them while the load runs: in the settling thread, not
+    through an ``on_outcome`` hook, whose queue a thread runner's loop would have to drain.
+    """
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self._recorder = recorder
+
+    def put(self, outcome: Outcome[Any]) -> None:
+        value = outcome.value
+        if value.__class__ is ChunkResult:
+            self._recorder.rows_written(value.loaded, len(value.rejected))
+        super().put(outcome)
 
 
 class LoadCall:
@@ -124,15 +143,9 @@ class LoadCall:
         return maker.chunks(rows)
 
     @staticmethod
-    def counter(recorder: Recorder) -> Callable[[Outcome[Any]], None]:
-        """What counts each settled chunk's rows in ``recorder``, on the event loop."""
-
-        def count(outcome: Outcome[Any]) -> None:
-            value = outcome.value
-            if isinstance(value, ChunkResult):
-                recorder.rows_written(value.loaded, len(value.rejected))
-
-        return count
+    def sink(recorder: Recorder) -> RowsSink:
+        """Where the call's outcomes go: a list, which counts each committed chunk's rows in ``recorder``."""
+        return RowsSink(recorder)
 
     def report(self, outcomes: list[Outcome[Any]], stats: RunStats, run: Run[Any]) -> LoadReport:
         """The call's report, or the error that stopped it, raised with the report of what committed."""

@@ -17,7 +17,6 @@ from .._core.limiter import Slot
 from .._core.pacing import Executor, drive
 from .._core.recorder import LoopLag
 from .._core.run import Run
-from .._core.sinks import ListSink
 from .._journal import Journal
 from .._loads.call import DEFAULT_BATCH, LoadCall
 from .._outcome import LoadReport, Outcome
@@ -55,11 +54,10 @@ class LoadsRunner(BaseRunner):
         if self._load_executor is None:
             self._load_executor = self._new_executor(None)
         with self._bound(), self._observers.recording(self._engine.pool) as recorder:
-            # Each chunk's rows counted as it settles: statistics() shows them while the load runs.
-            request = feedback_request(progress, call.counter(recorder), description, call.chunks_total)  # type: ignore[arg-type]
+            request = feedback_request(progress, None, description, call.chunks_total)  # type: ignore[arg-type]
             feedback = None
             try:
-                sink = ListSink()
+                sink = call.sink(recorder)
                 run = self._new_run(
                     units, sink, recorder, priority=0, stop_on_failure=True, request=request, batched=False
                 )
