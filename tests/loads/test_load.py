@@ -78,6 +78,27 @@ async def test_every_row_once_a_server_transaction_per_chunk_within_the_limit(
 
 
 @pytest.mark.anyio
+@every(RUNNERS)
+async def test_statistics_count_the_rows_as_each_chunk_commits(bkit: BatchKit, tables: Tables) -> None:
+    """rows_loaded grows while the load runs, chunk by chunk; after it, both counts match the report."""
+    runner = bkit.runner(limit=1)
+    seen: list[int] = []
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for i, row in enumerate(item_rows(1000, key=lambda i: TAKEN if i in (150, 820) else f"k{i}")):
+            if i % 100 == 0:
+                seen.append(runner.statistics().rows_loaded)
+            yield row
+
+    report = await runner.load(Item, rows(), batch=100)
+    stats = runner.statistics()
+    assert (report.loaded, len(report.rejected)) == (998, 2)
+    assert (stats.rows_loaded, stats.rows_rejected) == (998, 2)
+    assert seen == sorted(seen), seen
+    assert seen[-1] >= 698, f"counted as the chunks committed, not at the end: {seen}"
+
+
+@pytest.mark.anyio
 @every([("semaphore", "asyncio")])
 async def test_mapped_instances_and_mappings_and_a_table(bkit: BatchKit, tables: Tables) -> None:
     """Rows as mapped instances, mappings and (for the Table) sequences with columns= all land once."""
