@@ -85,7 +85,7 @@ DUP_SHARE = 0.01
 DEFAULT_ROWS, QUICK_ROWS = 200_000, 20_000
 DEFAULT_ROUNDS, QUICK_ROUNDS = 3, 1
 #: Rough seconds of one round at the default rows on 2 quiet cores, and of the set-up.
-SECONDS_PER_ROUND, SETUP_S = 90, 20
+SECONDS_PER_ROUND, SETUP_S = 32, 5
 JOB = "bench-load"
 LOG_COLUMNS = ("request_id", "path", "status", "duration_ms")
 CREATE_COLUMNS = ("data",)
