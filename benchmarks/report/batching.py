@@ -22,11 +22,13 @@ from ..measurement import Measurement
 from ..scenarios import batching as sc
 from ..scenarios._batching import FAIL_SHARE, LIMIT, WORKLOADS
 from ..stats import median_of
-from .tables import fmt, rounds, table, verdict
+from .tables import MACHINE_LIMIT, fmt, rounds, table, verdict
 
-#: The issue's goals: ``batch=B`` over one transaction per unit, per workload (B: its goal size).
+#: The issue's goals: ``batch=B`` over one transaction per unit, per workload (B: its goal size). Set
+#: from a hand-written loop on an earlier day: a run whose own hand-written loop misses one shows it as
+#: the machine's limit, and the goal that decides is the speed-up against that loop's (:data:`OF_HAND`).
 SPEEDUP = {"log": 8.0, "creates": 2.3, "mix": 1.5}
-#: A runner's batches over the hand-written loop at the same size.
+#: A runner's batches over the hand-written loop at the same size, and its speed-up over the loop's.
 OF_HAND = 0.95
 #: Good units/s with 1% failing units over the clean run at the same size.
 OF_CLEAN = 0.7
@@ -289,11 +291,21 @@ def _goals(data: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for w in WORKLOADS:
         got = {RUNNER_NAME[k]: s.get("speedup", {}).get(f"{w.name} {k}", []) for k in TWIN}
-        hand = f" (the hand-written loop: {_shown(s.get('hand_speedup', {}).get(w.name, []), unit='x')})"
+        hand_rounds = s.get("hand_speedup", {}).get(w.name, [])
+        hand = f" (the hand-written loop: {_shown(hand_rounds, unit='x')})"
+        of_hand = {k: [r / h for r, h in zip(v, hand_rounds, strict=False) if h] for k, v in got.items()}
+        target = (
+            f"{w.name} at batch={w.goal_size}: both runners' speed-up over one transaction per unit "
+            f">= {OF_HAND} of the hand-written loop's, round by round"
+        )
+        out.append(_goal(target, of_hand, OF_HAND, digits=3, extra=hand))
         target = (
             f"{w.name} at batch={w.goal_size} >= {SPEEDUP[w.name]}x one transaction per unit, both runners"
         )
-        out.append(_goal(target, got, SPEEDUP[w.name], unit="x", extra=hand))
+        goal = _goal(target, got, SPEEDUP[w.name], unit="x", extra=hand)
+        if goal["status"] == "MISS" and (median_of(hand_rounds) or 0.0) < SPEEDUP[w.name]:
+            goal["status"] = MACHINE_LIMIT  # the hand-written loop misses it too, in the same rounds
+        out.append(goal)
     for side in TWIN:
         got = {
             k.replace(f" {side} ", " batch="): v

@@ -15,14 +15,14 @@ from ..measurement import Measurement
 from ..scenarios.overhead import goals
 from ..stats import by_fixed_limit, measured, median_of
 from .loop_lag import INLINE, best_boundeddb
-from .tables import UNDECIDED, median_rows
+from .tables import MACHINE_LIMIT, UNDECIDED, median_rows
 from .throughput import RUNNERS
 
 #: The throughput rows the first line names, when they ran: the post's three strategies.
 POST_ROWS = ("sync", "async-unbounded", "chunked")
 MOST = 5
 #: The statuses the targets' line counts; ``n/a`` (the target's scenario did not run) it does not.
-STATUSES = ("PASS", "MISS", "FAIL", UNDECIDED)
+STATUSES = ("PASS", "MISS", "FAIL", UNDECIDED, MACHINE_LIMIT)
 
 
 def _connections(m: Measurement) -> str:
