@@ -21,6 +21,8 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.pool import NullPool
 
 from boundeddb import (
+    BoundedDBError,
+    Journal,
     ProcessRunner,
     RunFailed,
     RunnerClosedError,
@@ -31,7 +33,7 @@ from boundeddb._processes.backends import LocalProcesses
 from boundeddb.testing import PostgresServer, driver_url
 from tests.runners.conftest import connect_args
 from tests.support import process_units as units
-from tests.support.faults import wait_until
+from tests.support.faults import active_queries, wait_until
 from tests.support.kits import eventually
 from tests.support.probes import ActivitySampler, backends, terminate_backends
 
@@ -138,6 +140,52 @@ async def test_the_limit_bounds_the_server_connections_of_all_workers(
     assert 2 < sampler.peak <= 6
     assert report.stats.peak_connections <= 6
     assert eventually(lambda: backends(rows, app_name) == 0), "connections left after the runner closed"
+
+
+@pytest.mark.parametrize(
+    ("driver", "fn"),
+    [("asyncpg", units.insert_and_sleep), ("psycopg", units.insert_and_sleep_sync)],
+    ids=["async", "sync"],
+)
+async def test_a_journal_s_lookups_run_in_the_workers_inside_the_limit(
+    rows: Engine,
+    make_runner: Callable[..., ProcessRunner],
+    app_name: str,
+    pg_schema: str,
+    driver: str,
+    fn: Any,
+) -> None:
+    """limit=2 over 2 workers, with a journal: its keys looked up on the workers' connections, no third."""
+    table = "bdbt_process_journal"
+    journal = Journal(f"process-{secrets.token_hex(4)}", key=lambda item: item, table=table)
+    runner = make_runner(driver, limit=2, processes=2)
+    try:
+        with ActivitySampler(rows, app_name) as sampler:
+            async with runner:
+                first = await runner.map(fn, range(150), journal=journal)
+                again = await runner.map(fn, range(200), journal=journal)
+        assert sampler.samples > 10
+        assert sampler.peak == 2, "the workers' two connections, no lookup connection beside them"
+        assert (first.stats.succeeded, first.stats.skipped) == (150, 0)
+        assert (again.stats.succeeded, again.stats.skipped) == (50, 150)
+        assert committed(rows) == dict.fromkeys(range(200), 1)
+    finally:
+        with rows.begin() as connection:
+            connection.execute(text(f'DROP TABLE IF EXISTS "{pg_schema}".{table}'))
+
+
+async def test_a_journal_table_missing_with_create_table_false_fails_the_call_with_its_ddl(
+    rows: Engine, make_runner: Callable[..., ProcessRunner]
+) -> None:
+    """The workers' lookup meets the missing table: the call raises the journal's error, no unit ran."""
+    journal = Journal(
+        "process-missing", key=lambda item: item, table="bdbt_no_such_journal", create_table=False
+    )
+    runner = make_runner("asyncpg", limit=2, processes=2)
+    async with runner:
+        with pytest.raises(BoundedDBError, match=r"does not exist and create_table=False(.|\n)*CREATE TABLE"):
+            await runner.map(units.insert, range(10), journal=journal)
+    assert committed(rows) == {}
 
 
 async def test_collect_reports_each_failure_and_commits_the_rest(
@@ -292,6 +340,47 @@ def test_the_runner_refuses_misuse(pg_url: URL) -> None:
 
 
 # -- a worker that dies ----------------------------------------------------------------------------------
+
+
+async def test_a_journal_lookup_whose_workers_die_is_asked_of_their_successors(
+    rows: Engine, make_runner: Callable[..., ProcessRunner], app_name: str, pg_schema: str
+) -> None:
+    """Both workers killed while a lookup waits on a locked journal: the next workers answer it, once."""
+    table = "bdbt_process_journal_lost"
+    journal = Journal(f"process-{secrets.token_hex(4)}", key=lambda item: item, table=table)
+    runner = make_runner("asyncpg", limit=2, processes=2)
+    try:
+        async with runner:
+            first = await runner.map(units.insert, range(10), journal=journal)
+            await both_ready(runner)
+            workers = [seat.link.started.process.pid for seat in runner._fleet.seats if seat.link is not None]
+            assert len(workers) == 2
+            with rows.connect() as locker:  # the admin engine autocommits: its own transaction
+                locker.exec_driver_sql("BEGIN")
+                locker.exec_driver_sql(f'LOCK TABLE "{pg_schema}".{table} IN ACCESS EXCLUSIVE MODE')
+                async with anyio.create_task_group() as tasks:
+                    reports: list[Any] = []
+
+                    async def rerun() -> None:
+                        reports.append(await runner.map(units.insert, range(20), journal=journal))
+
+                    tasks.start_soon(rerun)
+                    lookup = f"%{table}%"
+                    await anyio.to_thread.run_sync(
+                        wait_until, lambda: active_queries(rows, app_name, lookup) == 1, 30, "a lookup waits"
+                    )
+                    for pid in workers:
+                        os.kill(pid, signal.SIGKILL)
+                    await anyio.to_thread.run_sync(
+                        eventually, lambda: not any(alive(pid) for pid in workers), 30
+                    )
+                    locker.exec_driver_sql("ROLLBACK")  # the lock goes: the next workers' lookup answers
+        assert (first.stats.succeeded, first.stats.skipped) == (10, 0)
+        assert (reports[0].stats.succeeded, reports[0].stats.skipped) == (10, 10)
+        assert committed(rows) == dict.fromkeys(range(20), 1)
+    finally:
+        with rows.begin() as connection:
+            connection.execute(text(f'DROP TABLE IF EXISTS "{pg_schema}".{table}'))
 
 
 def kill_a_worker_when(admin: Engine, rows_at_least: int) -> tuple[threading.Thread, list[int]]:

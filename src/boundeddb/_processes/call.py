@@ -20,6 +20,7 @@ from .._arguments import ErrorsMode
 from .._core.journalled import Foregone, foregone_outcome
 from .._core.recorder import LoopLag
 from .._core.run import failures_error
+from .._dialects import for_name
 from .._errors import UnpicklableError
 from .._outcome import Outcome, RunReport
 from .._runners.journal_units import JournalCall, check_journal
@@ -28,7 +29,7 @@ from .._telemetry import active
 from . import protocol as p
 from .fleet import Fleet, Link
 from .ledger import Ledger
-from .lookups import Lookups
+from .lookups import WorkerLookups
 from .plan import check_driver, check_fn
 from .protocol import Kind, most_handed
 
@@ -88,7 +89,7 @@ class Call:
             telemetry=call_telemetry,
         )
         fleet.register(ledger)
-        spec = None if journal is None else (journal.job, journal.rows.table)
+        spec = None if journal is None else (journal.job, journal.journal.table)
         self._call_message = pickle.dumps(p.CallBegins(ledger.id, kind.value, fn, carrier, spec))
         #: Workers told to stop or close the call, and those told to cancel it.
         self._told: set[Link] = set()
@@ -298,7 +299,10 @@ async def run_map(
     checked: Iterable[Any] | AsyncIterable[Any] = items
     journalled = None if journal is None else check_journal(journal, "ProcessRunner")
     runner._check_open()
-    lookups = None if journalled is None else Lookups(runner._url, runner._engine_options)
+    journal_call = None
+    if journalled is not None:  # its keys looked up by the workers, within the limit
+        lookups = WorkerLookups(runner._fleet, kind, journalled, for_name(runner._url.get_dialect().name))
+        journal_call = JournalCall(journalled, None, async_units=kind is Kind.ASYNC, lookups=lookups)
     runner._fleet.start()
     call = Call(
         runner._fleet,
@@ -307,17 +311,12 @@ async def run_map(
         stop_on_failure=runner._errors == "raise",
         verify=runner._verify,
         attributes=runner._labels,
-        journal=None if lookups is None or journalled is None else lookups.call(journalled),
+        journal=journal_call,
     )
     loop_lag = LoopLag() if measure_loop_lag else None
-    try:
-        async with anyio.create_task_group() as tasks:
-            if loop_lag is not None:
-                tasks.start_soon(loop_lag.tick_forever)
-            await call.run(checked)
-            tasks.cancel_scope.cancel()
-    finally:
-        if lookups is not None:
-            with anyio.CancelScope(shield=True):
-                await lookups.aclose()
+    async with anyio.create_task_group() as tasks:
+        if loop_lag is not None:
+            tasks.start_soon(loop_lag.tick_forever)
+        await call.run(checked)
+        tasks.cancel_scope.cancel()
     return call.report(runner._limit, loop_lag)

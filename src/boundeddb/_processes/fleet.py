@@ -9,12 +9,14 @@ import pickle
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import Future
 from typing import Protocol
 
 from .._core.recorder import Totals
-from .._errors import WorkerStartError
+from .._errors import WorkerLostError, WorkerStartError
 from . import protocol as p
 from .backends import Backend, WorkerHandle
+from .desk import LookupDesk
 from .protocol import Kind, WorkerConfig, most_handed
 
 __all__ = ["CallState", "Fleet", "Link", "Seat"]
@@ -140,6 +142,8 @@ class Fleet:
         self.broken: BaseException | None = None
         self._threads: list[threading.Thread] = []
         self._call_ids = itertools.count(1)
+        #: The calls' journal lookups in flight.
+        self._desk = LookupDesk(self.ready_links)  # type: ignore[arg-type]
         #: The runner's counters since it was made, for its ``statistics()``.
         self.totals = Totals()
         self._idle = threading.Condition(self.lock)
@@ -183,6 +187,24 @@ class Fleet:
         with self.lock:
             self.calls.pop(call.id, None)
             self._idle.notify_all()
+
+    def look_up(self, kind: Kind, journal: tuple[str, str, bool], keys: list[str]) -> Future[set[str]]:
+        """
+        Which of ``keys`` have a row in ``journal``, ``(job, table, create_table)``, asked of a worker
+        on its engine of ``kind``: within its share of the limit, as the parent has no connection.
+        """
+        with self.lock:
+            if self._done():
+                failed: Future[set[str]] = Future()
+                failed.set_exception(self._why_done())
+                return failed
+            return self._desk.open(kind, journal, keys)
+
+    def _why_done(self) -> BaseException:
+        """What a lookup raises once no worker will answer it. Under the lock."""
+        if self.broken is not None:
+            return self.broken
+        return WorkerLostError("the runner closed before a worker answered the journal's lookup")
 
     def close(self, timeout: float = EXIT_GRACE_S) -> None:
         """Wait for the calls in progress, tell every worker to exit, and wait for it or kill it."""
@@ -267,6 +289,7 @@ class Fleet:
             broken = WorkerStartError(msg)
             broken.__cause__ = error
             self.broken = broken
+            self._desk.fail(broken)
             calls = list(self.calls.values())
         for call in calls:
             call.wake()
@@ -282,7 +305,7 @@ class Fleet:
         connection = link.started.connection
         ended = False
         while not ended:
-            messages: list[p.Ready | p.CallMessage] = []
+            messages: list[p.Ready | p.LookedUp | p.CallMessage] = []
             try:
                 messages += pickle.loads(connection.recv_bytes())
                 while connection.poll():
@@ -293,13 +316,16 @@ class Fleet:
                 for call in self._handle(link, messages):
                     call.wake()
 
-    def _handle(self, link: Link, messages: list[p.Ready | p.CallMessage]) -> set[CallState]:
+    def _handle(self, link: Link, messages: list[p.Ready | p.LookedUp | p.CallMessage]) -> set[CallState]:
         woken: set[CallState] = set()
         with self.lock:
             for message in messages:
                 if isinstance(message, p.Ready):
                     self._ready(link)
                     woken.update(self.calls.values())
+                    continue
+                if isinstance(message, p.LookedUp):
+                    self._desk.answered(message)
                     continue
                 call = self.calls.get(message.call)
                 if call is not None and call.on_message(link, message):
@@ -316,6 +342,7 @@ class Fleet:
                 link.verifying.extend((call, index) for call, index, _ in requests)
                 link.send(pickle.dumps(p.Verify(kind.value, list(requests))))
         seat.to_verify.clear()
+        self._desk.ready()
 
     def _lost(self, link: Link, why: str) -> set[CallState]:
         """The worker is gone: settle or hand back what it held, in every call."""
@@ -340,4 +367,8 @@ class Fleet:
                 if (waiting := self.calls.get(call_id)) is not None:
                     waiting.on_verified(index, "unknown")
                     woken.add(waiting)
+            if self._done():
+                self._desk.fail(self._why_done())
+            else:
+                self._desk.lost(link)
             return woken

@@ -30,6 +30,8 @@ __all__ = [
     "Committing",
     "Exit",
     "Kind",
+    "LookUp",
+    "LookedUp",
     "Ready",
     "RemoteTraceback",
     "Returned",
@@ -146,6 +148,16 @@ class Verify(NamedTuple):
     requests: list[tuple[int, int, str]]
 
 
+class LookUp(NamedTuple):
+    """Ask which of these journal keys have a row: a call's lookup, within one place of the gate."""
+
+    request: int
+    kind: str
+    #: ``(job, table, create_table)`` of the call's journal.
+    journal: tuple[str, str, bool]
+    keys: list[str]
+
+
 class Exit(NamedTuple):
     """Dispose of the engines and end."""
 
@@ -234,6 +246,15 @@ class Verified(NamedTuple):
     #: The unit's index in the call's input.
     unit: int
     status: str
+
+
+class LookedUp(NamedTuple):
+    """The keys of a :class:`LookUp` that have a row; or, if ``text``, the error the lookup raised."""
+
+    request: int
+    done: list[str]
+    error: bytes | None = None
+    text: str = ""
 
 
 #: What a worker says of one call.

@@ -213,10 +213,10 @@ class ProcessRunner:
                 ``def fn(session: Session, item)``.
                 Its value must be picklable.
             items: Iterable or async iterable of picklable items.
-            journal: As for :meth:`boundeddb.SemaphoreRunner.map`: the parent looks the keys up, on
-                a connection of its own beside ``limit``, and never hands out an item that is done;
-                each worker writes its units' rows. ``key`` runs in the parent and need not be
-                picklable. *New in 0.3.0.*
+            journal: As for :meth:`boundeddb.SemaphoreRunner.map`: the parent computes the keys and
+                has a worker look them up, within its share of ``limit``, and never hands out an
+                item that is done; each worker writes its units' rows. ``key`` runs in the parent and
+                need not be picklable. *New in 0.3.0.*
 
         Returns:
             A :class:`~boundeddb.RunReport` in input order, with stats merged over all workers.

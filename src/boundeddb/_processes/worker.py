@@ -76,6 +76,8 @@ class WorkerSide:
         self._dialect = for_name(config.url.get_dialect().name)
         self.xid_sql = self._dialect.current_xid_sql if config.verify_commits else None
         self.gate = Gate(config.units, self._dispose)
+        #: Each journal's rows that calls looked keys up in, by kind and ``(job, table, create_table)``.
+        self._lookups: dict[tuple[Kind, tuple[str, str, bool]], JournalRows] = {}
 
     def send(self, message: tuple[Any, ...]) -> None:
         """Send ``message`` to the parent after what was posted, from any thread: in the pipe on return."""
@@ -162,6 +164,8 @@ class WorkerSide:
                 (call.close if kind is p.Close else call.stop if kind is p.Stop else call.cancel)()
         elif kind is p.Verify:
             self._spawn(self._verify(Kind(message.kind), message.requests))
+        elif kind is p.LookUp:
+            self._spawn(self._look_up(message))
         elif kind is p.Exit:
             self._done.set()
 
@@ -241,6 +245,39 @@ class WorkerSide:
             self._calls.pop(call.id, None)
             with contextlib.suppress(OSError):
                 self.send(p.Closed(call.id, peak, call.peak_held, batches_committed, units_rerun))
+
+    # -- a call's journal lookups, on this worker's share of the limit ----------------------------
+
+    def _journal_rows(self, kind: Kind, journal: tuple[str, str, bool]) -> JournalRows:
+        """The rows of a journal, on ``kind``'s engine: made once, so that its table is checked once."""
+        rows = self._lookups.get((kind, journal))
+        if rows is None:
+            engine = self._engine(kind)
+            sync_engine = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
+            job, table, create_table = journal
+            rows = self._lookups[kind, journal] = JournalRows(
+                job,
+                table,
+                sync_engine,
+                self._dialect,
+                async_units=kind is Kind.ASYNC,
+                create_table=create_table,
+            )
+        return rows
+
+    async def _look_up(self, message: p.LookUp) -> None:
+        """Which of a call's keys have a row, within one place of the gate: the parent has no connection."""
+        kind = Kind(message.kind)
+        await self.gate.acquire(kind)
+        try:
+            done = await self._journal_rows(kind, message.journal).done(message.keys)
+        except Exception as error:  # the table missing with create_table=False, say: the call's error
+            data, text_ = p.dump_error(error, -1)
+            self.send(p.LookedUp(message.request, [], data, text_))
+        else:
+            self.send(p.LookedUp(message.request, list(done)))
+        finally:
+            self.gate.release()
 
     # -- what became of a COMMIT when the worker sending it died ---------------------------------
 

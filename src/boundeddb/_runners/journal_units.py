@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from itertools import islice
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 import anyio.to_thread
@@ -24,7 +24,7 @@ from .._journal import KEY_LENGTH, Journal
 from .items import BoundItem, units_of
 from .journal_rows import JournalRows
 
-__all__ = ["FIRST_CHUNK", "LAST_CHUNK", "JournalCall", "check_journal", "map_units"]
+__all__ = ["FIRST_CHUNK", "LAST_CHUNK", "JournalCall", "KeyLookups", "check_journal", "map_units"]
 
 #: Keys looked up by the first query of a call. Each next query looks up twice as many, up to
 #: :data:`LAST_CHUNK`: the first units start soon, and a long job costs one query per 500 items.
@@ -32,6 +32,17 @@ __all__ = ["FIRST_CHUNK", "LAST_CHUNK", "JournalCall", "check_journal", "map_uni
 #: takes in one query (``Dialect.most_keys_looked_up``).
 FIRST_CHUNK: Final = 32
 LAST_CHUNK: Final = 500
+
+
+class KeyLookups(Protocol):
+    """Which keys of a job have a row: a :class:`JournalRows`, or a ProcessRunner's workers."""
+
+    #: The most keys one lookup asks for.
+    most_keys: int
+
+    async def done(self, keys: list[str]) -> set[str]: ...
+
+    def done_sync(self, keys: list[str]) -> set[str]: ...
 
 
 def map_units(
@@ -75,12 +86,27 @@ def check_journal(journal: object, runner: str) -> Journal[Any]:
 class JournalCall:
     """What a ``map()`` call with ``journal=`` shares: its rows, and the keys it handed out."""
 
-    def __init__(self, journal: Journal[Any], rows: JournalRows, *, async_units: bool) -> None:
+    def __init__(
+        self,
+        journal: Journal[Any],
+        rows: JournalRows | None,
+        *,
+        async_units: bool,
+        lookups: KeyLookups | None = None,
+    ) -> None:
         self.journal = journal
         self.job = journal.job
         assert journal.key is not None, "check_journal() refuses a journal without a key"
         self._key = journal.key
+        #: The rows the units write: None where they are written elsewhere (a ProcessRunner's workers).
         self.rows = rows
+        #: What looks the keys up: ``rows``, unless given.
+        self.lookups: KeyLookups
+        if lookups is not None:
+            self.lookups = lookups
+        else:
+            assert rows is not None, "a call without rows looks its keys up elsewhere"
+            self.lookups = rows
         #: Keys handed out in this call: a key seen twice is refused, see :meth:`_settle_key`.
         self._seen: set[str] = set()
         self._item_type: type[JournalItem] = AsyncJournalItem if async_units else SyncJournalItem
@@ -111,6 +137,7 @@ class JournalCall:
         ThreadOffloadRunner's lanes do), so its keys are looked up in the thread that pulls.
         """
         make, rows = self._item_type, self.rows
+        assert rows is not None, "the runner's own calls have rows"
 
         def unit(item: Any, key: str) -> JournalItem:
             return make(fn, item, key, rows)
@@ -162,9 +189,9 @@ class JournalCall:
             keys, wanted = self._keys(chunk)
             # Shielded: a deadline of a batch's pull must not end this generator mid-query.
             with anyio.CancelScope(shield=True):
-                done = await self.rows.done(wanted) if wanted else _NONE_DONE
+                done = await self.lookups.done(wanted) if wanted else _NONE_DONE
             yield self._settled(chunk, keys, done, make)
-            size = _next_size(size, len(done) == len(chunk), self.rows.most_keys)
+            size = _next_size(size, len(done) == len(chunk), self.lookups.most_keys)
 
     def chunks_sync(self, items: Iterable[Any], make: Callable[[Any, str], Any]) -> Iterator[list[Any]]:
         """As :meth:`chunks`, for a plain iterable, in the calling thread: it blocks on each lookup."""
@@ -172,9 +199,9 @@ class JournalCall:
         size = FIRST_CHUNK
         while chunk := list(islice(iterator, size)):
             keys, wanted = self._keys(chunk)
-            done = self.rows.done_sync(wanted) if wanted else _NONE_DONE
+            done = self.lookups.done_sync(wanted) if wanted else _NONE_DONE
             yield self._settled(chunk, keys, done, make)
-            size = _next_size(size, len(done) == len(chunk), self.rows.most_keys)
+            size = _next_size(size, len(done) == len(chunk), self.lookups.most_keys)
 
     def _keys(self, chunk: list[Any]) -> tuple[list[str | Foregone], list[str]]:
         """The chunk's keys (or outcomes, for items whose key is wrong), and those to look up."""
