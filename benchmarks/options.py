@@ -207,8 +207,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.loop_lag_requests = args.loop_lag_requests or max(200, min(n // 2, LOOP_LAG_REQUESTS_CAP))
     if args.processes_rounds is None:
         args.processes_rounds = processes.QUICK_ROUNDS if args.quick else processes.DEFAULT_ROUNDS
-    if args.batching_rounds is None:
-        args.batching_rounds = batching.QUICK_ROUNDS if args.quick else batching.DEFAULT_ROUNDS
+    if args.batching_rounds is None:  # a plain run takes one round: --scenario batching decides its goals
+        plain = args.scenario is None and not args.full
+        args.batching_rounds = batching.QUICK_ROUNDS if args.quick or plain else batching.DEFAULT_ROUNDS
     if args.journal_rounds is None:
         args.journal_rounds = journal.QUICK_ROUNDS if args.quick else journal.DEFAULT_ROUNDS
     if args.load_rows is None:

@@ -275,13 +275,23 @@ def summary(rows: list[Measurement]) -> dict[str, Any]:
     return out
 
 
+#: The fewest rounds whose medians decide a goal: one round moves by 10% and more on 2 shared cores.
+DECIDING_ROUNDS = 3
+
+
 def _goal(target: str, got: dict[str, list[float]], goal: float, *, digits: int = 2, unit: str = "",
           at_most: bool = False, extra: str = "") -> dict[str, Any]:  # fmt: skip
-    """A goal on the medians of ``got``'s per-round ratios (the worst decides), each shown with its range."""
+    """
+    A goal on the medians of ``got``'s per-round ratios (the worst decides), each shown with its
+    range; not decided on fewer than :data:`DECIDING_ROUNDS` rounds (a plain run's one).
+    """
     medians = [v for v in map(median_of, got.values()) if v is not None]
     worst = (max if at_most else min)(medians, default=None)
     shown = ", ".join(f"{k} {_shown(v, digits=digits, unit=unit)}" for k, v in got.items()) or "-"
-    status = verdict(worst, goal, at_most=at_most)
+    decided = max(map(len, got.values()), default=0) >= DECIDING_ROUNDS
+    status = verdict(worst, goal, at_most=at_most, decided=decided)
+    if not decided and worst is not None:
+        extra += f"; fewer than {DECIDING_ROUNDS} rounds: `--scenario batching` decides"
     return {"target": f"batching: {target}", "value": worst, "status": status, "shown": shown + extra}
 
 

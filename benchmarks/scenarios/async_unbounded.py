@@ -66,5 +66,5 @@ SCENARIO = throughput_row(
     "async-unbounded",
     run,
     "the post's first async script: a task per op, bounded only by a pool near max_connections",
-    seconds=25,
+    seconds=12,
 )

@@ -54,6 +54,6 @@ SCENARIO = throughput_row(
     "chunked",
     run,
     "the post's second async script: ChunkedRunner with chunks of 40",
-    seconds=25,
+    seconds=12,
     databases=(POSTGRESQL, MYSQL),
 )

@@ -74,5 +74,5 @@ SCENARIO = throughput_row(
     "gevent",
     run,
     "post 003's contender: a gevent Pool(L) on psycopg2 + psycogreen, in a process of its own",
-    seconds=20,
+    seconds=10,
 )

@@ -258,6 +258,6 @@ SCENARIO = throughput_row(
     "hand-rolled",
     run,
     "the runners' strategies by hand: gather + Semaphore, ThreadPoolExecutor (MySQL: + window, chunks)",
-    seconds=35,
+    seconds=20,
     databases=(POSTGRESQL, MYSQL),
 )

@@ -77,6 +77,6 @@ SCENARIO = Scenario(
     run=run,
     what="semaphore and threads at L = 1, 2, 5, 10, 20, 40, 80, and once each with limit='auto'",
     section="Limit sweep",
-    seconds=60,
+    seconds=35,
     index_pass=True,
 )

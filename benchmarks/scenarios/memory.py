@@ -73,5 +73,5 @@ SCENARIO = Scenario(
     run=run,
     what="SELECT 1 units from a generator through stream() (50,000; 1,000,000 at --n 35000): RSS growth",
     section="Memory",
-    seconds=40,
+    seconds=25,
 )

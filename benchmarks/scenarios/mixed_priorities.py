@@ -357,5 +357,5 @@ SCENARIO = Scenario(
     run=run,
     what="short units submitted beside a bulk run: no priority, priority=1, and with reserve=1",
     section="Priorities and a reserve",
-    seconds=105,
+    seconds=95,
 )

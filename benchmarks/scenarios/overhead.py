@@ -79,7 +79,7 @@ MAX_OPS = 3_000
 #: Rounds in a plain run (a first look) and with ``--full`` (the reference runs' count).
 DEFAULT_ROUNDS, FULL_ROUNDS = 1, 5
 #: Rough seconds of the warm-up and of one round at N >= 3,000 on the development machine.
-WARMUP_S, SECONDS_PER_ROUND = 20, 155
+WARMUP_S, SECONDS_PER_ROUND = 10, 100
 WARMUP_OPS = 100
 GROUP = "overhead"
 #: The target: every runner >= this fraction of its hand-written equivalent's ops/s.

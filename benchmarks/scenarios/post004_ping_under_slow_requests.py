@@ -197,5 +197,5 @@ SCENARIO = Scenario(
     run=run,
     what="post 004: 100 slow requests and 100 /ping at once, inline AsyncSession against an offload",
     section="Post 004",
-    seconds=40,
+    seconds=25,
 )

@@ -110,7 +110,7 @@ SCENARIO = throughput_row(
     "semaphore",
     run,
     "SemaphoreRunner(limit=L) (asyncpg; aiomysql on MySQL)",
-    seconds=25,
+    seconds=12,
     databases=(POSTGRESQL, MYSQL),
 )
 BATCH50 = throughput_row(

@@ -46,6 +46,6 @@ SCENARIO = throughput_row(
     "sync",
     run,
     "the post's sync script: one Session per op, one at a time (psycopg2; pymysql on MySQL)",
-    seconds=25,
+    seconds=12,
     databases=(POSTGRESQL, MYSQL),
 )
