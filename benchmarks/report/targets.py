@@ -13,7 +13,7 @@ from typing import Any
 from ..measurement import Measurement
 from . import auto_limit, instructions, mixed_priorities, overhead, processes
 from .loop_lag import INLINE, best_boundeddb
-from .tables import NOISE, fmt, verdict
+from .tables import MACHINE_LIMIT, NOISE, fmt, verdict
 
 #: The goal of the fastest runner against chunks of 40, and the rounds whose medians decide it.
 SPEEDUP, SPEEDUP_ROUNDS = 1.3, 3
@@ -104,7 +104,12 @@ def speedup(ratio: dict[str, dict[str, Any]], rounds_run: int, database: str = "
             f"--rounds {SPEEDUP_ROUNDS})"
         )
     target = f"fastest runner >= {SPEEDUP}x chunked-40 ops/s{database}"
-    return {"target": target, "value": r, "status": verdict(r, SPEEDUP, decided=decided), "shown": shown}
+    status = verdict(r, SPEEDUP, decided=decided)
+    hand = ratio.get("best hand-written / chunked", {}).get("value")
+    if status == "MISS" and hand is not None and hand < SPEEDUP:  # the same run's reference misses it too
+        status = MACHINE_LIMIT
+        shown += f" (the hand-written windows: {fmt(hand, digits=2)}x in this run)"
+    return {"target": target, "value": r, "status": status, "shown": shown}
 
 
 def mysql_targets(ratio: dict[str, dict[str, Any]], rounds_run: int) -> list[dict[str, Any]]:

@@ -86,6 +86,11 @@ def ratios(
     """
     pairs: dict[str, tuple[Measurement | None, Measurement | None]] = {
         "best runner / chunked": (_best(main, RUNNERS, schema), _pick(main, "chunked", schema)),
+        # The same goal's reference: the hand-written sliding windows, async and in threads.
+        "best hand-written / chunked": (
+            _best(main, ("hand-rolled", "hand-rolled-threads"), schema),
+            _pick(main, "chunked", schema),
+        ),
         "semaphore / hand-rolled": (_pick(main, "semaphore", schema), _pick(main, "hand-rolled", schema)),
         "threads / hand-rolled threads": (
             _pick(main, "threads", schema),
