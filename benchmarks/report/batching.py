@@ -22,7 +22,7 @@ from ..measurement import Measurement
 from ..scenarios import batching as sc
 from ..scenarios._batching import FAIL_SHARE, LIMIT, WORKLOADS
 from ..stats import median_of
-from .tables import MACHINE_LIMIT, fmt, rounds, table, verdict
+from .tables import MACHINE_LIMIT, fmt, rounds, rows_ok, table, verdict
 
 #: The issue's goals: ``batch=B`` over one transaction per unit, per workload (B: its goal size). Set
 #: from a hand-written loop on an earlier day: a run whose own hand-written loop misses one shows it as
@@ -82,10 +82,6 @@ def _shown(values: list[float], scale: float = 1.0, digits: int = 2, unit: str =
         return fmt(mid, scale, digits) + (unit if mid is not None else "")
     low, high = fmt(min(values), scale, digits), fmt(max(values), scale, digits)
     return f"{fmt(mid, scale, digits)}{unit} ({low}{' to ' if min(values) < 0 else '-'}{high})"
-
-
-def rows_ok(m: Measurement) -> bool:
-    return bool((m.extra.get("rows") or {}).get("ok")) and not m.error
 
 
 def _rows_shown(ms: Rounds) -> str:

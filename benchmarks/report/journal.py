@@ -16,7 +16,7 @@ from typing import Any
 from ..measurement import Measurement
 from ..scenarios import journal as sc
 from ..stats import median_of
-from .tables import NOISE, fmt, rounds, table, verdict
+from .tables import NOISE, fmt, rounds, rows_ok, rows_shown, table, verdict
 
 Rounds = dict[int, Measurement]
 
@@ -54,24 +54,6 @@ def _ratios(a: Rounds, b: Rounds) -> list[float]:
         for r, m in sorted(a.items())
         if r in b and not (m.error or b[r].error) and m.ops_per_s and b[r].ops_per_s
     ]
-
-
-def rows_ok(m: Measurement) -> bool:
-    return bool((m.extra.get("rows") or {}).get("ok")) and not m.error
-
-
-def _rows_shown(ms: Rounds) -> str:
-    """``ok`` if every round's counts were as expected; else the first wrong round's."""
-    for r, m in sorted(ms.items()):
-        check = m.extra.get("rows")
-        if m.error or not check:
-            return "-"
-        if check["ok"]:
-            continue
-        found, expected = check["found"], check["expected"]
-        wrong = [f"{k} {found.get(k, 0):,}/{v:,}" for k, v in expected.items() if found.get(k) != v]
-        return f"FAIL{f' (round {r})' if len(ms) > 1 else ''}: " + ", ".join(wrong or ["none skipped"])
-    return "ok"
 
 
 def _notes(ms: Rounds) -> str:
@@ -114,7 +96,7 @@ def _overhead(rows: list[Measurement]) -> tuple[list[str], dict[str, list[float]
             body[-1] += [fmt(_med(ms, lambda m: m.extra.get("commits")), digits=0)]
             body[-1] += [fmt(_med(ms, lambda m: m.extra.get("lookups")), digits=0) if journalled else "-"]
             body[-1] += [str(max((m.peak_connections or 0 for m in ms.values()), default=0) or "-")]
-            body[-1] += [_rows_shown(ms), _notes(ms)]
+            body[-1] += [rows_shown(ms, none_wrong="none skipped"), _notes(ms)]
     return table(header, body, text_columns=2), data
 
 
@@ -129,7 +111,11 @@ def _resume_row(what: str, runner: str, ms: Rounds) -> list[str]:
     row += [fmt(_med(ms, lambda m: m.extra.get("lookup_max_s")), 1e3, 0)]
     row += [fmt(share, 100, 0) + ("%" if share is not None else "")]
     row += [fmt(_med(ms, lambda m: _per_unit(m, m.client_cpu_s, 1e6)), digits=1)]
-    row += [fmt(_med(ms, lambda m: m.extra.get("calls")), digits=0), _rows_shown(ms), _notes(ms)]
+    row += [
+        fmt(_med(ms, lambda m: m.extra.get("calls")), digits=0),
+        rows_shown(ms, none_wrong="none skipped"),
+        _notes(ms),
+    ]
     return row
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from ..measurement import Measurement
 from ..scenarios import load as sc
 from ..stats import median_of
-from .tables import NOISE, fmt, rounds, table, verdict
+from .tables import NOISE, fmt, rounds, rows_ok, rows_shown, table, verdict
 
 Rounds = dict[int, Measurement]
 Key = tuple[str, str, str, Any, bool, bool]
@@ -76,23 +76,6 @@ def _shown(values: list[float], digits: int = 2, unit: str = "") -> str:
         return fmt(mid, digits=digits) + (unit if mid is not None else "")
     low, high = fmt(min(values), digits=digits), fmt(max(values), digits=digits)
     return f"{fmt(mid, digits=digits)}{unit} ({low}-{high})"
-
-
-def rows_ok(m: Measurement) -> bool:
-    return bool((m.extra.get("rows") or {}).get("ok")) and not m.error
-
-
-def _rows_shown(ms: Rounds) -> str:
-    for r, m in sorted(ms.items()):
-        check = m.extra.get("rows")
-        if m.error or not check:
-            return "-"
-        if check["ok"]:
-            continue
-        found, expected = check["found"], check["expected"]
-        wrong = [f"{k} {found.get(k, 0):,}/{v:,}" for k, v in expected.items() if found.get(k) != v]
-        return f"FAIL{f' (round {r})' if len(ms) > 1 else ''}: " + ", ".join(wrong)
-    return "ok"
 
 
 def _notes(ms: Rounds) -> str:
@@ -161,7 +144,7 @@ def _group_table(by: dict[Key, Rounds], driver: str, workload: str) -> tuple[lis
                 fmt(_med(ms, lambda m: _per_row(m, m.server_cpu_s)), digits=1),
                 fmt(_med(ms, lambda m: m.extra.get("transactions", m.extra.get("commits"))), digits=0),
                 str(max((m.peak_connections or 0 for m in ms.values()), default=0) or "-"),
-                _rows_shown(ms),
+                rows_shown(ms),
                 _notes(ms),
             ]
         )
@@ -187,7 +170,7 @@ def _sizes(by: dict[Key, Rounds]) -> tuple[list[str], dict[str, Any]]:
                 fmt(_med(ms, lambda m: m.ops_per_s), digits=0),
                 _shown(ratios, 3) if ratios else "-",
                 fmt(_med(ms, lambda m: m.extra.get("transactions")), digits=0),
-                _rows_shown(ms),
+                rows_shown(ms),
             ]
         )
     return table(header, body, text_columns=1), data

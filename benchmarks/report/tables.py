@@ -201,3 +201,27 @@ def memory_table(rows: list[Measurement]) -> list[str]:
         for m in rows
     ]
     return table(header, body)
+
+
+def rows_ok(m: Measurement) -> bool:
+    """Whether a measurement's rows, counted after it, were as expected."""
+    return bool((m.extra.get("rows") or {}).get("ok")) and not m.error
+
+
+def rows_shown(ms: dict[int, Measurement], *, none_wrong: str = "") -> str:
+    """
+    ``ok`` if every round's row counts were as expected; else the first wrong round's counts, found
+    against expected (``none_wrong`` where no count differs but the check failed).
+    """
+    for r, m in sorted(ms.items()):
+        check = m.extra.get("rows")
+        if m.error or not check:
+            return "-"
+        if check["ok"]:
+            continue
+        found, expected = check["found"], check["expected"]
+        wrong = [f"{k} {found.get(k, 0):,}/{v:,}" for k, v in expected.items() if found.get(k) != v]
+        if not wrong and none_wrong:
+            wrong = [none_wrong]
+        return f"FAIL{f' (round {r})' if len(ms) > 1 else ''}: " + ", ".join(wrong)
+    return "ok"
