@@ -13,7 +13,6 @@ from typing import Any
 from .._core.rejects import Attempt, RowSearch
 from .._dialects.bulk import BulkWriter
 from .._outcome import ChunkResult, RejectedRow
-from .keys import one_item
 from .ranges import IndexRanges
 from .target import LoadTarget, Shape
 
@@ -159,7 +158,7 @@ class ChunkMaker:
         getter = self._getters.get(shape)
         if getter is None:
             keys = shape.keys
-            getter = self._getters[shape] = itemgetter(*keys) if len(keys) > 1 else one_item(keys[0])
+            getter = self._getters[shape] = itemgetter(*keys) if len(keys) > 1 else _single(keys[0])
         return getter
 
     def _taken(self, index: int, row: Any, rows: list[Any], indexes: list[int]) -> None:
@@ -203,3 +202,12 @@ class ChunkMaker:
             if not taken:
                 return
             yield self._make_unit(self._chunk(taken, indexes))
+
+
+def _single(key: str) -> Callable[[Any], tuple[Any, ...]]:
+    """``itemgetter(key)``, returning a tuple of one value as ``itemgetter`` of several keys does."""
+
+    def get(row: Any) -> tuple[Any, ...]:
+        return (row[key],)
+
+    return get

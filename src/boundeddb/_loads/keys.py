@@ -16,13 +16,13 @@ from itertools import compress
 from operator import itemgetter
 from typing import Any, Final
 
-from sqlalchemy import ARRAY, Column, Index, Table, UniqueConstraint, any_, bindparam, select, tuple_
+from sqlalchemy import ARRAY, Column, Table, UniqueConstraint, any_, bindparam, select, tuple_
 from sqlalchemy.engine import Dialect as SADialect
 from sqlalchemy.sql import Select
 
 from .target import Shape
 
-__all__ = ["KeyCheck", "KeyQuery", "one_item"]
+__all__ = ["KeyCheck", "KeyQuery"]
 
 #: The most keys one statement asks for where they go one placeholder each (not PostgreSQL's arrays).
 KEYS_PER_STATEMENT: Final = 1000
@@ -40,7 +40,7 @@ def unique_keys(table: Table, dialect: SADialect) -> list[tuple[Column[Any], ...
             candidates.append(list(constraint.columns))
     for index in table.indexes:
         partial = any(options.get("where") for options in index.dialect_options.values())
-        if isinstance(index, Index) and index.unique and not partial:
+        if index.unique and not partial:
             candidates.append(list(index.expressions))
     for columns in candidates:
         if not columns or not all(isinstance(c, Column) and c.table is table for c in columns):
@@ -152,12 +152,3 @@ class KeyCheck:
 def _has_null(key: Any) -> bool:
     """Whether a key is NULL or has a NULL: NULLs are distinct, never a duplicate."""
     return key is None or (key.__class__ is tuple and None in key)
-
-
-def one_item(key: Any) -> Callable[[Any], tuple[Any, ...]]:
-    """``itemgetter(key)``, returning a tuple of one value as ``itemgetter`` of several keys does."""
-
-    def get(row: Any) -> tuple[Any, ...]:
-        return (row[key],)
-
-    return get

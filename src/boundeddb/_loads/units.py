@@ -75,13 +75,15 @@ class ChunkSettings:
 class ChunkUnit:
     """A unit that writes one chunk in its session's transaction."""
 
-    __slots__ = ("checked", "chunk", "settings")
+    __slots__ = ("aside", "checked", "chunk", "settings")
 
     def __init__(self, chunk: Chunk, settings: ChunkSettings) -> None:
         self.chunk = chunk
         self.settings = settings
         #: Whether the chunk's keys were checked.
         self.checked = False
+        #: The rows set aside at the chunk's end by the check: alone again in a retried transaction.
+        self.aside = 0
 
     def _refused(self, search: RowSearch, attempt: Attempt, statement: Attempt, refusal: Refused) -> bool:
         """
@@ -123,7 +125,8 @@ class ChunkUnit:
         offsets = keys.repeated(chunk.data, found)
         if offsets:
             chunk.set_aside(offsets)
-        return len(offsets)
+        self.aside = len(offsets)
+        return self.aside
 
     def _check_failed(self, error: sa_exc.DBAPIError) -> None:
         """The check's statement failed: it is not asked again in this load, unless the connection is lost."""
@@ -144,7 +147,7 @@ class AsyncChunkUnit(ChunkUnit):
         """Set aside the chunk's rows of keys already held, if the load checks keys: how many."""
         queries = self._queries()
         if not queries:
-            return 0
+            return self.aside
         try:
             found = [
                 (query, (await connection.execute(query.statement, parameters)).all())
@@ -195,7 +198,7 @@ class SyncChunkUnit(ChunkUnit):
         """As :meth:`AsyncChunkUnit._check_keys_async`, on a sync connection."""
         queries = self._queries()
         if not queries:
-            return 0
+            return self.aside
         try:
             found = [
                 (query, connection.execute(query.statement, parameters).all())

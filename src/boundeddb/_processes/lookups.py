@@ -35,7 +35,3 @@ class WorkerLookups:
         """Which of ``keys`` have a row: one query, on a worker's connection."""
         answer = self._fleet.look_up(self._kind, self._journal, keys)
         return await anyio.to_thread.run_sync(answer.result)
-
-    def done_sync(self, keys: list[str]) -> set[str]:
-        """As :meth:`done`, blocking the calling thread."""
-        return self._fleet.look_up(self._kind, self._journal, keys).result()

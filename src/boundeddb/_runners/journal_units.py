@@ -42,8 +42,6 @@ class KeyLookups(Protocol):
 
     async def done(self, keys: list[str]) -> set[str]: ...
 
-    def done_sync(self, keys: list[str]) -> set[str]: ...
-
 
 def map_units(
     fn: object,
@@ -195,13 +193,15 @@ class JournalCall:
 
     def chunks_sync(self, items: Iterable[Any], make: Callable[[Any, str], Any]) -> Iterator[list[Any]]:
         """As :meth:`chunks`, for a plain iterable, in the calling thread: it blocks on each lookup."""
+        rows = self.rows
+        assert rows is not None, "a thread runner's own call: its rows look its keys up"
         iterator = iter(items)
         size = FIRST_CHUNK
         while chunk := list(islice(iterator, size)):
             keys, wanted = self._keys(chunk)
-            done = self.lookups.done_sync(wanted) if wanted else _NONE_DONE
+            done = rows.done_sync(wanted) if wanted else _NONE_DONE
             yield self._settled(chunk, keys, done, make)
-            size = _next_size(size, len(done) == len(chunk), self.lookups.most_keys)
+            size = _next_size(size, len(done) == len(chunk), rows.most_keys)
 
     def _keys(self, chunk: list[Any]) -> tuple[list[str | Foregone], list[str]]:
         """The chunk's keys (or outcomes, for items whose key is wrong), and those to look up."""
