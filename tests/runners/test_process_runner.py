@@ -162,13 +162,13 @@ async def test_a_journal_s_lookups_run_in_the_workers_inside_the_limit(
     try:
         with ActivitySampler(rows, app_name) as sampler:
             async with runner:
-                first = await runner.map(fn, range(150), journal=journal)
-                again = await runner.map(fn, range(200), journal=journal)
+                first = await runner.map(fn, range(80), journal=journal)
+                again = await runner.map(fn, range(100), journal=journal)
         assert sampler.samples > 10
         assert sampler.peak == 2, "the workers' two connections, no lookup connection beside them"
-        assert (first.stats.succeeded, first.stats.skipped) == (150, 0)
-        assert (again.stats.succeeded, again.stats.skipped) == (50, 150)
-        assert committed(rows) == dict.fromkeys(range(200), 1)
+        assert (first.stats.succeeded, first.stats.skipped) == (80, 0)
+        assert (again.stats.succeeded, again.stats.skipped) == (20, 80)
+        assert committed(rows) == dict.fromkeys(range(100), 1)
     finally:
         with rows.begin() as connection:
             connection.execute(text(f'DROP TABLE IF EXISTS "{pg_schema}".{table}'))
