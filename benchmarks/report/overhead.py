@@ -201,6 +201,8 @@ def targets(over: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         medians = over.get(schema, {})
         for pair in PAIRS.values():
             s = medians.get(pair.name)
+            if s is None and pair.study != GROUP:
+                continue  # a study run by name (parity): no line unless it ran
             value = s["ratio_median"] if s else None
             k = len(s["ratios"]) if s else 0
             if s and value is not None:
@@ -242,6 +244,8 @@ def section(rows: list[Measurement]) -> tuple[list[str], dict[str, Any]]:
         "",
     ]
     for pair in PAIRS.values():
+        if pair.name not in ran:
+            continue
         out += [f"- {pair.name}: " + "; ".join(f"{side.name}: {side.what}" for side in pair.sides)]
     out += [
         "",

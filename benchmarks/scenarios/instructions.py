@@ -88,10 +88,10 @@ def run(ctx: Context) -> None:
         )
         return
     for pair in overhead.PAIRS.values():
-        if ctx.instructions_pairs and pair.name not in ctx.instructions_pairs:
+        if pair.name not in ctx.instructions_pairs if ctx.instructions_pairs else not pair.counted:
             continue
         for side in counted(pair):
-            label = f"{side.name} (L={ctx.limit}) instructions"
+            label = f"{side.name} (L={side.limit or ctx.limit}) instructions"
             m = Measurement(side.name, label, group=GROUP, schema=ctx.schema, n=LARGE - SMALL)
             m.config.update(pair=pair.name, side=side.key, small=SMALL, large=LARGE)
             try:

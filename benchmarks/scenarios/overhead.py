@@ -53,12 +53,8 @@ library spent less).  ``--overhead-rounds`` sets K (1 in a plain run, 5 with ``-
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import inspect
 import io
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
@@ -68,78 +64,28 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from boundeddb import SemaphoreRunner
 
 from ..harness import Context, Probe
-from ..otel import instrumented
 from ..scenario import Scenario
 from ..workload import Op, async_unit
-from . import chunked, hand_batches, hand_rolled, semaphore, threads
+from . import chunked, hand_batches, hand_rolled, parity, semaphore, threads
+from ._pairs import HAND_WRITTEN, INSTRUMENTED, LIBRARY, MAX_OPS, TARGET, Pair, Side, run_rounds
 from ._runner import record
 
-#: The most ops one overhead measurement runs (N_overhead = min(N, this)).
-MAX_OPS = 3_000
+__all__ = ["HAND_WRITTEN", "INSTRUMENTED", "LIBRARY", "MAX_OPS", "PAIRS", "Pair", "Side", "goals"]
+
 #: Rounds in a plain run (a first look) and with ``--full`` (the reference runs' count).
 DEFAULT_ROUNDS, FULL_ROUNDS = 1, 5
 #: Rough seconds of the warm-up and of one round at N >= 3,000 on the development machine.
 WARMUP_S, SECONDS_PER_ROUND = 10, 100
-WARMUP_OPS = 100
 GROUP = "overhead"
-#: The target: every runner >= this fraction of its hand-written equivalent's ops/s.
-TARGET = 0.97
 #: Issue #33's goal for the batch pairs: the library's batches >= this fraction of the hand-written
 #: batch loop at the same size.
 BATCH_TARGET = 0.95
-LIBRARY, HAND_WRITTEN = "library", "hand-written"
-#: The peer that runs the library side under ``boundeddb.instrument()`` (issue #27's goal: <= 10% more).
-INSTRUMENTED = "instrumented"
 #: The goal for it: instrumented / library client work per op at most this.
 INSTRUMENTED_GOAL = 1.10
 THREADS_DRIVER = "psycopg"
 #: Ops per transaction on both sides of the batch pairs.
 BATCH = hand_batches.BATCH
 BATCHES, BATCH_YARDSTICK = "the library's batches", "the hand-written batch loop at the same size"
-
-
-@dataclass(frozen=True)
-class Side:
-    """One side of a pair: its key in the pair, the stem of its labels, what it runs, how it is measured."""
-
-    key: str
-    name: str
-    what: str
-    #: ``measure(ctx, limit, ops, group=..., label=..., **options)``, awaited if it is a coroutine function.
-    measure: Callable[..., Any]
-    options: dict[str, Any] = field(default_factory=dict)
-    #: Whether it runs under ``boundeddb.instrument()`` with the OpenTelemetry SDK.
-    instrumented: bool = False
-
-    def run(self, ctx: Context, ops: list[Op], group: str, label: str) -> None:
-        """One measurement of this side on ``ops``, appended to ``ctx.results``."""
-        with instrumented() if self.instrumented else contextlib.nullcontext():
-            done = self.measure(ctx, ctx.limit, ops, group=group, label=label, **self.options)
-            if inspect.iscoroutine(done):
-                asyncio.run(done)
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A runner, its hand-written equivalent (the yardstick), and peers measured in the same rounds."""
-
-    name: str
-    ratio_name: str
-    library: Side
-    hand: Side
-    peers: tuple[Side, ...] = ()
-    #: The goal: library / hand-written ops/s, and hand-written / library instructions per op, at least this.
-    target: float = TARGET
-    #: Whose goal it is and against what, as the target lines say it.
-    subject: str = "every runner"
-    yardstick: str = "its hand-written equivalent"
-
-    @property
-    def sides(self) -> tuple[Side, ...]:
-        return (self.library, self.hand, *self.peers)
-
-    def peer_ratio_name(self, peer: Side) -> str:
-        return f"{peer.name} / {self.hand.name}"
 
 
 async def _measure_semaphore(
@@ -229,6 +175,7 @@ PAIRS: dict[str, Pair] = {p.name: p for p in (
              f"ThreadPoolExecutor(L), L threads taking {BATCH} ops at a time from one shared iterator "
              "under a lock, a Session and one commit per batch, no loop", hand_batches.measure_threads),
         target=BATCH_TARGET, subject=BATCHES, yardstick=BATCH_YARDSTICK),
+    *parity.PAIRS,
 )}
 # fmt: on
 
@@ -248,39 +195,8 @@ def goals(names: Iterable[str] | None = None) -> str:
     return ", ".join([f">= {TARGET}", *shown])
 
 
-def order(pair: Pair, k: int) -> tuple[Side, ...]:
-    """The sides of ``pair`` in round ``k`` (0-based): forward in even rounds, reversed in odd ones."""
-    return pair.sides if k % 2 == 0 else tuple(reversed(pair.sides))
-
-
-def _measure(ctx: Context, side: Side, ops: list[Op], group: str, label: str) -> None:
-    """One measurement; an error outside its probe is recorded too, and the rounds go on."""
-    try:
-        side.run(ctx, ops, group, label)
-    except Exception as exc:
-        ctx.failed(side.name, label, exc, group=group)
-
-
 def run(ctx: Context) -> None:
-    ops = ctx.ops[: min(len(ctx.ops), MAX_OPS)]
-    rounds = max(1, ctx.overhead_rounds)
-    warm = ops[:WARMUP_OPS]
-    before = len(ctx.results)
-    for pair in PAIRS.values():
-        for side in pair.sides:
-            _measure(ctx, side, warm, "warm-up", f"warm-up {side.name}")
-    del ctx.results[before:]  # the warm-up is not a result
-    for k in range(rounds):
-        direction = "forward" if k % 2 == 0 else "reversed"
-        for pair in PAIRS.values():
-            for position, side in enumerate(order(pair, k), start=1):
-                label = f"{side.name} (L={ctx.limit}) round {k + 1}"
-                first = len(ctx.results)
-                _measure(ctx, side, ops, GROUP, label)
-                for m in ctx.results[first:]:
-                    m.config.update(
-                        pair=pair.name, side=side.key, round=k + 1, position=position, order=direction
-                    )
+    run_rounds(ctx, (pair for pair in PAIRS.values() if pair.study == GROUP), GROUP)
 
 
 SCENARIO = Scenario(
