@@ -78,6 +78,41 @@ class Outcome(Generic[T]):
         return self.value  # type: ignore[return-value]
 
 
+_new = object.__new__
+(
+    _SET_INDEX,
+    _SET_VALUE,
+    _SET_ERROR,
+    _SET_LATENCY,
+    _SET_WAIT,
+    _SET_ATTEMPTS,
+    _SET_UNKNOWN,
+    _SET_VERIFIED,
+    _SET_SKIPPED,
+) = (Outcome.__dict__[field.name].__set__ for field in dataclasses.fields(Outcome))
+
+
+def committed(
+    index: int, value: object, latency_s: float, wait_s: float, attempts: int = 1, verified: bool = False
+) -> Outcome[object]:
+    """
+    ``Outcome(index, value, None, latency_s, wait_s, attempts, commit_verified=verified)``, made
+    without the frozen dataclass's ``__init__``: its ``object.__setattr__`` per field cost the per-unit
+    path about 0.7 µs of every unit that commits.
+    """
+    outcome: Outcome[object] = _new(Outcome)
+    _SET_INDEX(outcome, index)
+    _SET_VALUE(outcome, value)
+    _SET_ERROR(outcome, None)
+    _SET_LATENCY(outcome, latency_s)
+    _SET_WAIT(outcome, wait_s)
+    _SET_ATTEMPTS(outcome, attempts)
+    _SET_UNKNOWN(outcome, False)
+    _SET_VERIFIED(outcome, verified)
+    _SET_SKIPPED(outcome, False)
+    return outcome
+
+
 @dataclasses.dataclass(frozen=True, slots=True, repr=False)
 class RunReport(Generic[T]):
     """

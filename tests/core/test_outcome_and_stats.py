@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from boundeddb import Outcome, RunnerClosedError, RunReport, RunStats, SemaphoreRunner
 from boundeddb._executors.checkouts import _gauges
+from boundeddb._outcome import committed
 from boundeddb._stats import percentile
 from tests.support.kits import StartGate
 
@@ -44,6 +45,26 @@ def test_outcome_is_frozen_and_slotted() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         outcome.value = 2  # type: ignore[misc]
     assert not hasattr(outcome, "__dict__")
+
+
+def test_a_committed_outcome_made_on_the_fast_path_equals_the_dataclass_one() -> None:
+    """``_outcome.committed()`` sets every field, as ``Outcome(...)`` with an error of None does."""
+    fast = committed(7, "v", 0.25, 0.5, 3, True)
+    assert fast == Outcome(7, "v", None, 0.25, 0.5, 3, commit_verified=True)
+    assert [getattr(fast, f.name) for f in dataclasses.fields(Outcome)] == [
+        7,
+        "v",
+        None,
+        0.25,
+        0.5,
+        3,
+        False,
+        True,
+        False,
+    ]
+    assert committed(1, None, 0.0, 0.0) == Outcome(1, None, None, 0.0, 0.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.value = "w"  # type: ignore[misc]
 
 
 def test_outcome_ok_and_unwrap_for_a_value() -> None:

@@ -339,6 +339,9 @@ NATIVE_CASES = [
     ("chunked-asyncmy", "asyncio", "run"),
     ("threads-pymysql", "asyncio", "run"),
     ("threads-pymysql", "asyncio", "submit"),
+    ("semaphore", "asyncio", "submit-twice"),
+    ("threads-psycopg", "asyncio", "submit-twice"),
+    ("semaphore-asyncmy", "asyncio", "submit-twice"),
 ]
 
 
@@ -350,7 +353,12 @@ NATIVE_CASES = [
     ids=[f"{kind}-{verb}" for kind, _, verb in NATIVE_CASES],
 )
 async def test_a_native_asyncio_cancel_stops_units_promptly(kit: Kit, verb: str) -> None:
-    """asyncio.timeout() (a plain Task.cancel(), as in run_sync's Ctrl-C) stops units in a 30 s sleep fast."""
+    """
+    asyncio.timeout() (a plain Task.cancel(), as in run_sync's Ctrl-C) stops units in a 30 s sleep fast.
+
+    ``submit-twice``: the caller's task is cancelled again as the unit winds down. submit() runs its
+    unit's team from the caller's task: it still returns only once the unit is rolled back and closed.
+    """
     # anyio cancel scopes reach every task of a run; a native cancellation reaches only the awaiting
     # task, which is what asyncio.timeout(), asyncio.wait_for(), servers and asyncio.Runner's SIGINT do.
     runner = kit.runner(limit=2)
@@ -365,6 +373,10 @@ async def test_a_native_asyncio_cancel_stops_units_promptly(kit: Kit, verb: str)
     )
     cancelled_at = time.monotonic()
     task.cancel()
+    if verb == "submit-twice":
+        for _ in range(3):  # each a step of the wind-down later: none may cut it short
+            await asyncio.sleep(0)
+            task.cancel()
     with anyio.move_on_after(5):
         await asyncio.wait({task})
     took = time.monotonic() - cancelled_at
@@ -377,6 +389,53 @@ async def test_a_native_asyncio_cancel_stops_units_promptly(kit: Kit, verb: str)
     assert task.cancelled()
     assert kit.pool.checkedout() == 0
     kit.db.assert_no_open_transactions("after a native cancel")
+
+
+SCOPE_SUBMIT_CASES = [
+    ("semaphore", "asyncio"),
+    ("threads-psycopg", "asyncio"),
+    ("threads-psycopg", "trio"),
+    ("threads-pymysql", "asyncio"),
+    ("threads-pymysql", "trio"),
+]
+
+
+@pytest.mark.usefixtures("collect_garbage", "items_table", "reap_backends")
+@pytest.mark.parametrize(
+    ("kind", "anyio_backend"), SCOPE_SUBMIT_CASES, ids=[f"{k}-{b}" for k, b in SCOPE_SUBMIT_CASES]
+)
+async def test_a_submit_cancelled_by_its_scope_stops_its_statement_and_returns_rolled_back(kit: Kit) -> None:
+    """
+    A cancel scope around submit() whose unit sleeps 30 s on the server: the call ends within
+    seconds, the statement stopped, the unit rolled back, its connection back or discarded. A thread
+    runner's lone unit is awaited from the caller's task, which stops the statement itself.
+    """
+    runner = kit.runner(limit=2)
+    gate = StartGate(1)
+    scope = anyio.CancelScope()
+    ended: list[float] = []
+
+    async def call() -> None:
+        with scope:
+            await runner.submit(kit.sleep_then_insert(1, 30, gate))
+        ended.append(time.monotonic())
+
+    with anyio.fail_after(60):  # 30 s of sleep would finish well before: fails with a clear message
+        async with anyio.create_task_group() as group:
+            group.start_soon(call)
+            await gate.event.wait()
+            await anyio.to_thread.run_sync(
+                wait_until, lambda: kit.db.sleeping() >= 1, 10, "the unit in its 30 s sleep on the server"
+            )
+            cancelled_at = time.monotonic()
+            scope.cancel()
+    took = ended[0] - cancelled_at
+    assert took < 5, f"cancelled, submit() still ran {took:.0f} s: its statement went on (a 30 s sleep)"
+    assert scope.cancelled_caught
+    assert kit.pool.checkedout() == 0
+    kit.db.assert_no_open_transactions("after a cancelled submit()")
+    assert 1 not in kit.db.committed_units()
+    assert await runner.submit(kit.select(3)) == 3  # its slot and the pool are free
 
 
 # -- a connection whose statement was cancelled never serves another unit ---------------------------------

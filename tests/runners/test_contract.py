@@ -13,7 +13,8 @@ application_name, or the processlist by the test's own database.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -270,6 +271,52 @@ async def test_submit_returns_the_value_and_raises_the_units_own_exception(kit: 
     assert await runner.submit(kit.select(42)) == 42
     with pytest.raises(Boom):
         await runner.submit(kit.insert(1, fail=True))
+
+
+def released_by(kit: Kit, event: threading.Event, value: str) -> Callable[[Any], Any]:
+    """A unit that waits up to 10 s for ``event``, then returns ``value``; else it raises TimeoutError."""
+
+    def wait() -> str:
+        if not event.wait(10):
+            raise TimeoutError(f"unit {value!r}: its event was not set within 10 s")
+        return value
+
+    if kit.is_async:
+
+        async def unit(session: Any) -> str:
+            return await anyio.to_thread.run_sync(wait)
+
+        return unit
+    return lambda session: wait()
+
+
+@every_runner
+async def test_a_submit_returns_as_its_unit_commits_not_behind_the_caller_queued_after_it(kit: Kit) -> None:
+    """
+    With limit=1 and caller B queued for the slot, caller A's submit() returns once its unit
+    commits. It must not give the slot to B and queue again behind B's unit only to find its own
+    input ended: B's unit waits for A to return, so that would hold both for 10 s and fail B.
+    """
+    runner = kit.runner(limit=1)
+    release_a, a_returned = threading.Event(), threading.Event()
+    values: list[str] = []
+
+    async def call(unit: Callable[[Any], Any], then: threading.Event | None = None) -> None:
+        values.append(await runner.submit(unit))
+        if then is not None:
+            then.set()
+
+    async with runner, anyio.create_task_group() as group:
+        group.start_soon(call, released_by(kit, release_a, "a"), a_returned)
+        assert await anyio.to_thread.run_sync(eventually, lambda: runner.statistics().in_flight == 1), (
+            "A idle"
+        )
+        group.start_soon(call, released_by(kit, a_returned, "b"))
+        assert await anyio.to_thread.run_sync(eventually, lambda: runner.statistics().waiting == 1), (
+            "B not queued"
+        )
+        release_a.set()
+    assert values == ["a", "b"]
 
 
 @every_runner

@@ -39,7 +39,7 @@ class FakeExecutor:
     def worker(self, slot: Slot) -> Worker:
         return Worker(slot)
 
-    def team(self, run: Run[Any]) -> FakeTeam:
+    def team(self, run: Run[Any], *, alone: bool = False) -> FakeTeam:
         return FakeTeam()
 
     async def serve(self, run: Run[Any], worker: Worker, wait_s: float) -> Any:

@@ -127,7 +127,7 @@ class Batches:
                     await self.settle(run, worker, batch, wait_s)
                 finally:
                     span.end()
-        return EXHAUSTED if ended else MORE
+        return EXHAUSTED if ended or run.drained else MORE
 
     async def _fill(self, run: Run[Any]) -> tuple[list[Pending], bool]:
         """
@@ -293,12 +293,9 @@ def committed(
 ) -> None:
     """``group`` committed in one transaction begun at ``started``: each unit's outcome. From any thread."""
     latency = perf_counter() - started
-    run.recorder.batch_committed()
     if run.telemetry is not None:
         run.telemetry.batch_committed(len(group))
-    finish = run.finish
-    for (_, index), value in zip(group, values, strict=True):
-        finish(Outcome(index, value, None, latency, wait_s, attempt, commit_verified=verified))
+    run.finish_committed(group, values, latency, wait_s, attempt, verified)
 
 
 async def _back_off(worker: Worker, delay: float) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 import anyio
 
-from .._outcome import Outcome
+from .._outcome import Outcome, committed
 from .adaptive import LimitController
 from .attempts import AttemptFn, Attempts, Retry
 from .feedback import Feedback
@@ -30,6 +30,7 @@ if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 __all__ = [
+    "IN_PLACE",
     "Body",
     "Chunks",
     "Executor",
@@ -99,7 +100,9 @@ class Executor(Protocol[WorkerT]):
 
     def worker(self, slot: Slot) -> WorkerT: ...
 
-    def team(self, run: Run[Any]) -> Team[WorkerT]: ...
+    def team(self, run: Run[Any], *, alone: bool = False) -> Team[WorkerT]:
+        """The workers of ``run``; ``alone``: its one worker, awaited from the caller's task (submit())."""
+        ...
 
     async def serve(self, run: Run[Any], worker: WorkerT, wait_s: float) -> Served:
         """Run units while ``worker`` holds its slot, and say how the turn ended."""
@@ -133,9 +136,9 @@ async def serve_one(
                 worker.retry = Retry(unit, index, 2, settled, wait_s)
                 return RETRY
         else:
-            settled = Outcome(index, value, None, perf_counter() - started, wait_s)
+            settled = committed(index, value, perf_counter() - started, wait_s)
         run.finish(settled)
-    return MORE
+    return EXHAUSTED if run.drained else MORE
 
 
 class Pacer(Protocol):
@@ -159,6 +162,19 @@ class SlidingWindow:
 
     def leave(self) -> None:
         pass
+
+
+class InPlace:
+    """A lone unit's run (``submit()``): its one worker retries the unit itself, after a back-off."""
+
+    hands_off_retries: bool = False
+    between: Callable[[], Awaitable[None]] | None = None
+
+    def leave(self) -> None:
+        pass
+
+
+IN_PLACE: Final = InPlace()
 
 
 class Chunks:
@@ -205,6 +221,7 @@ class _Drive:
         pacer: Pacer,
         limiter: Limiter,
         controller: LimitController | None = None,
+        alone: bool = False,
     ) -> None:
         self.run = run
         self.executor = executor
@@ -212,7 +229,7 @@ class _Drive:
         self.pacer = pacer
         self.limiter = limiter
         self.controller = controller
-        self.team = executor.team(run)
+        self.team = executor.team(run, alone=True) if alone else executor.team(run)
         #: Workers started and not yet done, retry carriers aside, and whether one found the input
         #: exhausted. ``drive()`` sets them.
         self.live = 0
@@ -294,6 +311,7 @@ async def drive(
     feedback: Feedback | None = None,
     read_ahead: Callable[[], Coroutine[Any, Any, None]] | None = None,
     slot: Slot | None = None,
+    alone: bool = False,
 ) -> None:
     """
     Run every unit of ``run`` with ``workers`` workers, beside the loop-lag ticker.
@@ -305,12 +323,20 @@ async def drive(
     the caller is — by a cancel scope, but also by a native ``Task.cancel()``,
     ``asyncio.timeout()`` or Ctrl-C in ``run_sync()``, which reach only the caller's task — and
     beyond the reach of a second native cancellation while they clean up.
+
+    ``alone``: one unit and no helper, as ``submit()`` runs it. The team is run from the caller's
+    task, without a task group of helpers to cancel when it is done: every team waits for its
+    workers to clean up, also through a second native cancellation. Its one worker retries in
+    place (``pacer`` is :data:`IN_PLACE`), and the executor may run it in the caller's task.
     """
-    state = _Drive(run, executor, attempts, pacer, limiter, controller)
+    state = _Drive(run, executor, attempts, pacer, limiter, controller, alone)
     team = [executor.worker(Slot(limiter, run.priority)) for _ in range(workers - (slot is not None))]
     if slot is not None:
         team.insert(0, executor.worker(slot))
     state.live = workers
+    if alone:  # see the docstring
+        await state.team.run(team, state.work)
+        return
     try:
         async with anyio.create_task_group() as helpers:
             if loop_lag is not None:

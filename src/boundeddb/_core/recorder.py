@@ -62,6 +62,12 @@ class NullRecorder:
     def unit_started(self) -> None:
         pass
 
+    def units_started(self, n: int) -> None:
+        pass
+
+    def units_committed(self, n: int, latency_s: float, wait_s: float, attempt: int, verified: bool) -> None:
+        pass
+
     def unit_finished(self, outcome: Outcome[object]) -> None:
         pass
 
@@ -144,6 +150,30 @@ class Recorder(NullRecorder):
             self.in_flight += 1
             if self.in_flight > self.peak_in_flight:
                 self.peak_in_flight = self.in_flight
+
+    def units_started(self, n: int) -> None:
+        """``n`` units of a batch started: :meth:`unit_started` ``n`` times, in one step."""
+        with self._lock:
+            self.submitted += n
+            self.in_flight += n
+            if self.in_flight > self.peak_in_flight:
+                self.peak_in_flight = self.in_flight
+
+    def units_committed(self, n: int, latency_s: float, wait_s: float, attempt: int, verified: bool) -> None:
+        """
+        A batch of ``n`` units committed, each with these figures: :meth:`batch_committed` and
+        :meth:`unit_finished` for each of its outcomes, in one step.
+        """
+        with self._lock:
+            self.batches_committed += 1
+            self.in_flight -= n
+            self.retried += n * max(0, attempt - 1)
+            self.wait_s += n * wait_s
+            self.succeeded += n
+            if verified:
+                self.commits_verified += n
+            if self.keep_latencies:
+                self.latencies.extend(array("d", (latency_s,)) * n)
 
     def unit_finished(self, outcome: Outcome[object]) -> None:
         with self._lock:

@@ -2,8 +2,8 @@
 One call's run of units, whichever verb made it, and where its outcomes go.
 
 A :class:`Run` owns what a call's workers share. It pulls the input one unit at a time, with one
-index each, and checks each unit. It sends the outcomes to a :class:`Sink`, knows when to stop
-starting units, and knows what to raise at the end.
+index each, and checks each unit. What it does with their outcomes, it inherits from
+:class:`~boundeddb._core.settling.Settling`.
 """
 
 from __future__ import annotations
@@ -12,18 +12,16 @@ import enum
 import math
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sized
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final
 
 import anyio
 
-from .._errors import RunFailed, UnitMisuseError
-from .._outcome import Outcome, RunReport
-from .._stats import RunStats
+from .._errors import UnitMisuseError
+from .._outcome import Outcome
 from .._telemetry import CallTelemetry
 from .ahead import END_OF_INPUT, ReadAhead
-from .feedback import OutcomeHook
 from .recorder import NullRecorder
-from .sinks import Sink
+from .settling import Settling, SinkT, failures_error
 
 __all__ = [
     "END",
@@ -56,10 +54,7 @@ _NONE_WITHDRAWN: Final[set[int]] = set()
 UnitCheck = Callable[[object, int], "str | None"]
 
 
-SinkT = TypeVar("SinkT", bound=Sink)
-
-
-class Run(Generic[SinkT]):
+class Run(Settling[SinkT]):
     """What one call shares between its workers. See the module docstring."""
 
     #: Whether the input is only async for a journal's key lookups: see ``journalled.py``.
@@ -70,7 +65,7 @@ class Run(Generic[SinkT]):
         units: Iterable[Any] | AsyncIterable[Any],
         sink: SinkT,
         *,
-        check: UnitCheck,
+        check: UnitCheck | None,
         stop_on_failure: bool,
         recorder: NullRecorder,
         priority: int = 0,
@@ -81,34 +76,21 @@ class Run(Generic[SinkT]):
         telemetry: CallTelemetry | None = None,
         batched: bool = False,
     ) -> None:
-        self.sink = sink
-        self._put: Callable[[Outcome[Any]], None] = sink.put
-        #: The caller's ``on_outcome``, served on the loop. None if not asked, and then nothing per unit.
-        self.hook: OutcomeHook | None = None
-        if on_outcome is not None:
-            self.hook = hook = OutcomeHook(on_outcome, self.stop)
-            self._put = _also(self._put, hook.put)
-        #: ``boundeddb.instrument()``'s view of this call, or None when not instrumented.
-        self.telemetry = telemetry
-        if telemetry is not None:  # boundeddb.instrument(): else nothing more per unit
-            self._put = _also(self._put, telemetry.settled)
+        super().__init__(
+            sink, stop_on_failure=stop_on_failure, recorder=recorder, observe=observe, on_outcome=on_outcome,
+            telemetry=telemetry,
+        )  # fmt: skip
+        if telemetry is not None:
             self._wrap = telemetry.wrap
             if not batched:  # a batch wraps its units itself, in its own span
                 self._admit = self._admit_wrapped  # type: ignore[method-assign]
-        self.recorder = recorder
-        #: With an auto limit: told the latency of each unit that succeeded, from any thread.
-        self._observe = observe
         self.priority = priority
         #: For streams: units pulled but not yet consumed are at most its value, so memory is O(limit).
         self.window = window
+        #: None where the caller checked every unit already (a list, a tuple, a submit()'s unit).
         self._check = check
-        self._stop_on_failure = stop_on_failure
-        #: Start no more units: a failure with errors="raise", misuse, a failed input, or cancellation.
-        self.stopping = False
         #: With ``batch=``: indexes of units whose ``submit()`` was cancelled, set by ``gather.py``.
         self.withdrawn: set[int] = _NONE_WITHDRAWN
-        self.misuse: UnitMisuseError | None = None
-        self.input_error: BaseException | None = None
         self._next_index = 0
         self._iterator: Iterator[Any] | None = None
         self._async_iterator: AsyncIterator[Any] | None = None
@@ -116,6 +98,11 @@ class Run(Generic[SinkT]):
         self._async_pull_lock: anyio.Lock | None = None
         #: With batches of an async input: the units a task of its own pulled ahead.
         self._ahead: ReadAhead | None = None
+        #: A list or tuple input: its iterator yields exactly its length, so the run knows when it is
+        #: drained. Not for a stream, whose workers give back a window as they find the input ended.
+        self._listed: list[Any] | tuple[Any, ...] | None = (
+            units if units.__class__ in (list, tuple) and window is None else None
+        )
         if isinstance(units, AsyncIterable):
             self._async_iterator = aiter(units)
         else:
@@ -127,6 +114,15 @@ class Run(Generic[SinkT]):
     def pulls_sync(self) -> bool:
         """Whether the input is a plain iterable, pulled without a trip through the event loop."""
         return self._iterator is not None
+
+    @property
+    def drained(self) -> bool:
+        """
+        Whether every unit of a list or tuple input was pulled: a worker that settled the last
+        one ends, rather than take a slot again only to find the input ended.
+        """
+        listed = self._listed
+        return listed is not None and self._next_index >= len(listed)
 
     @property
     def pulls_in_threads(self) -> bool:
@@ -155,7 +151,49 @@ class Run(Generic[SinkT]):
         """
         Up to ``size`` units of a plain iterable, pulled as :meth:`pull_sync` would one by one,
         and whether it returned ``END``. Any thread may call it: a batch's lane does.
+
+        The units are counted as started in one step, and checked after the pull lock is let go.
         """
+        if getattr(self._admit, "__func__", None) is not Run._admit:  # a journal's, or wrapped in telemetry
+            return self._pull_many_admitting(size)
+        pulled: list[tuple[Any, int]] = []
+        iterator, ended = self._iterator, False
+        with self._pull_lock:
+            index = self._next_index
+            try:
+                while len(pulled) < size:
+                    if self.stopping:
+                        ended = True
+                        break
+                    unit = next(iterator, END_OF_INPUT)  # type: ignore[arg-type]
+                    if unit is END_OF_INPUT:
+                        ended = True
+                        break
+                    pulled.append((unit, index))
+                    index += 1
+            except Exception as error:  # as in pull_sync
+                self.input_error, self.stopping, ended = error, True, True
+            self._next_index = index
+        ended = ended or self.drained
+        self.recorder.units_started(len(pulled))
+        check = self._check
+        if check is None:
+            return pulled, ended
+        admitted: list[tuple[Any, int]] = []
+        for unit, i in pulled:
+            message = check(unit, i)
+            if message is None:
+                admitted.append((unit, i))
+            else:
+                self._refuse(i, message)
+        return admitted, ended
+
+    def _refuse(self, index: int, message: str) -> None:
+        """Settle unit ``index``, counted as started, as failing its check with ``message``."""
+        self.finish(Outcome(index, None, UnitMisuseError(message), 0.0, 0.0, attempts=0))
+
+    def _pull_many_admitting(self, size: int) -> tuple[list[tuple[Any, int]], bool]:
+        """:meth:`pull_many_sync`, each unit through :meth:`_admit` under the pull lock."""
         pulled: list[tuple[Any, int]] = []
         iterator, admit = self._iterator, self._admit
         with self._pull_lock:
@@ -241,10 +279,10 @@ class Run(Generic[SinkT]):
     def _admit(self, unit: Any, index: int) -> tuple[Any, int] | Pulled:
         """Count the unit as started, or settle it on the spot if it fails its check."""
         self.recorder.unit_started()
-        message = self._check(unit, index)
-        if message is None:
+        check = self._check
+        if check is None or (message := check(unit, index)) is None:
             return unit, index
-        self.finish(Outcome(index, None, UnitMisuseError(message), 0.0, 0.0, attempts=0))
+        self._refuse(index, message)
         return REFUSED
 
     def _admit_wrapped(self, unit: Any, index: int) -> tuple[Any, int] | Pulled:
@@ -253,74 +291,3 @@ class Run(Generic[SinkT]):
         if admitted.__class__ is tuple:
             return self._wrap(unit, index), index
         return admitted
-
-    def stop(self) -> None:
-        """Start no more units. Any thread may call it."""
-        self.stopping = True
-
-    # -- outcomes ----------------------------------------------------------------------------------
-
-    def finish(self, outcome: Outcome[Any]) -> None:
-        """Record and deliver a unit's outcome, and stop starting units if the run must. From any thread."""
-        self.recorder.unit_finished(outcome)
-        error = outcome.error
-        if error is None:
-            if self._observe is not None:
-                self._observe(outcome.latency_s)
-        elif self._stop_on_failure:
-            if isinstance(error, UnitMisuseError) and self.misuse is None:
-                self.misuse = error
-            self.stopping = True
-        self._put(outcome)
-
-    def serve_hook(self) -> None:
-        """On the loop, once the units are done: hand the hook what is left, and raise what it raised."""
-        if self.hook is not None:
-            self.hook.drain()
-            if self.hook.error is not None:
-                raise self.hook.error
-
-    def raise_for(self, report: RunReport[Any]) -> None:
-        """
-        Raise what the run owes its caller: misuse, the input's own error, ``on_outcome``'s own
-        error, or :class:`RunFailed`.
-        """
-        if self.misuse is not None:
-            raise self.misuse
-        if self.input_error is not None:
-            raise self.input_error
-        if self.hook is not None and self.hook.error is not None:
-            raise self.hook.error
-        if self._stop_on_failure and (failed := failures_error(report)) is not None:
-            raise failed
-
-    def report(self, outcomes: list[Outcome[Any]], stats: RunStats) -> RunReport[Any]:
-        report = RunReport(outcomes, stats)
-        self.raise_for(report)
-        return report
-
-
-def _also(
-    put: Callable[[Outcome[Any]], None], then: Callable[[Outcome[Any]], object]
-) -> Callable[[Outcome[Any]], None]:
-    """``put``, then ``then``: one more thing done with each outcome."""
-
-    def put_and_then(outcome: Outcome[Any]) -> None:
-        put(outcome)
-        then(outcome)
-
-    return put_and_then
-
-
-def failures_error(report: RunReport[Any]) -> RunFailed | None:
-    """The :class:`RunFailed` that ``errors="raise"`` owes for ``report``'s failed units, if any failed."""
-    failures = [o.error for o in report.outcomes if o.error is not None]
-    if not failures:
-        return None
-    first = next(o for o in report.outcomes if o.error is not None)
-    message = (
-        f"{len(failures)} of {report.stats.submitted} units failed "
-        f"(first: unit {first.index}: {type(first.error).__qualname__}); "
-        "the rest committed or were never started"
-    )
-    return RunFailed(message, failures, report=report)

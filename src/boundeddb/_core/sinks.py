@@ -45,6 +45,16 @@ class ListSink:
                 outcomes.extend([outcome] * (index + 1 - len(outcomes)))
             outcomes[index] = outcome
 
+    def put_many(self, outcomes: list[Outcome[Any]]) -> None:
+        """:meth:`put` for each of ``outcomes``, under the lock once."""
+        with self._lock:
+            stored = self.outcomes
+            for outcome in outcomes:
+                index = outcome.index
+                if index >= len(stored):
+                    stored.extend([outcome] * (index + 1 - len(stored)))
+                stored[index] = outcome
+
 
 class ValueSink:
     """``submit()``: the one outcome."""

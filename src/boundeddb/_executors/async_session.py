@@ -242,7 +242,7 @@ class AsyncSessionExecutor:
     def worker(self, slot: Slot) -> AsyncWorker:
         return AsyncWorker(slot, self._timeout)
 
-    def team(self, run: Run[Any]) -> NativeTeam:
+    def team(self, run: Run[Any], *, alone: bool = False) -> NativeTeam:
         return NativeTeam(run, self._dialect, self._url)
 
 
@@ -278,11 +278,29 @@ class NativeTeam:
             for worker in self._workers:
                 worker.stop()
             with anyio.CancelScope(shield=True):
-                await asyncio.wait(self._tasks)
-                # A connection discarded mid-statement may still hold its transaction on the server.
-                if self._dialect.ending_connections(self._url):
-                    await anyio.to_thread.run_sync(self._dialect.wait_connections_ended, self._url)
+                await _despite_cancellation(self._wind_down())
             raise
+
+    async def _wind_down(self) -> None:
+        """Wait for every worker, and for the connections they discarded mid-statement to end."""
+        await asyncio.wait(self._tasks)
+        # A connection discarded mid-statement may still hold its transaction on the server.
+        if self._dialect.ending_connections(self._url):
+            await anyio.to_thread.run_sync(self._dialect.wait_connections_ended, self._url)
+
+
+async def _despite_cancellation(coroutine: Coroutine[Any, Any, None]) -> None:
+    """
+    Run ``coroutine`` to its end in a task of its own, waiting for it through any native
+    cancellation of ours: the caller's task may run the team (``drive(alone=True)``).
+    """
+    task = asyncio.ensure_future(coroutine)
+    while not task.done():
+        try:
+            await asyncio.wait((task,))
+        except asyncio.CancelledError:
+            continue  # the caller raises its first cancellation once the workers are done
+    task.result()
 
 
 def _start(worker: AsyncWorker, body: Body[AsyncWorker]) -> asyncio.Task[None]:

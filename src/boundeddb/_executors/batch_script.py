@@ -40,6 +40,9 @@ from .script import (
 
 __all__ = ["attempt_batch_async", "attempt_batch_sync"]
 
+#: What units commonly return, never awaitable: the per-unit check skips ``inspect.isawaitable()`` for them.
+NOT_AWAITABLE: frozenset[type] = frozenset({type(None), bool, int, float, str, bytes, tuple, list, dict})
+
 
 class BatchGuard(AsyncGuard, Protocol):
     def next_unit(self, index: int) -> None:
@@ -223,7 +226,7 @@ def _check_withdrawn(units: BatchUnits) -> None:
 def _run_sync_unit(session: Session, transaction: Any, unit: Any, index: int) -> Any:
     """One unit of a batch in this thread: its value. A misuse raises :class:`UnitMisuse`."""
     value = unit(session)
-    if value is not None and inspect.isawaitable(value):
+    if value.__class__ not in NOT_AWAITABLE and inspect.isawaitable(value):
         raise returned_awaitable(value, index)
     if session.get_transaction() is not transaction:
         raise UnitMisuse(ended_transaction_message(index))

@@ -72,6 +72,8 @@ class Handle:
             self._state, self.timed_out = _CONNECTING, False
 
     def running(self, dbapi_connection: Any) -> None:
+        if self._state == _RUNNING and self._deadlines is None and not self.cancelled:
+            return  # a batch's next unit, no deadline: nothing changes (a racing cancel stops the next step)
         with self._lock:
             if self.cancelled:
                 raise Stopped
@@ -137,8 +139,10 @@ class Handle:
 
 
 class ThreadWorker(Worker):
-    __slots__ = ("handle",)
+    __slots__ = ("handle", "in_caller")
 
     def __init__(self, slot: Slot, handle: Handle) -> None:
         super().__init__(slot)
         self.handle = handle
+        #: Run in its caller's task, a lone unit's (``thread_caller.CallerTeam``), not in a team's.
+        self.in_caller = False

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from time import perf_counter
 from types import FunctionType
 from typing import Any, NoReturn
@@ -30,11 +30,12 @@ from .._core.limiter import Limiter, Slot
 from .._core.pacing import EXHAUSTED, MORE, RETRY, Body, Served, serve_one
 from .._core.run import END, REFUSED, Run
 from .._dialects import Dialect
-from .._outcome import Outcome
+from .._outcome import Outcome, committed
 from .batch_script import attempt_batch_sync
 from .deadlines import StatementDeadlines
 from .script import attempt_sync
 from .thread_batches import BatchLanes
+from .thread_caller import CallerTeam, in_caller
 from .thread_handles import CANCEL_AGAIN_S, Handle, Stopped, ThreadWorker
 from .verify import bind_script, verified_sync
 
@@ -123,25 +124,24 @@ class ThreadExecutor:
 
     # -- serving units ---------------------------------------------------------------------------
 
-    def team(self, run: Run[Any]) -> ThreadTeam:
-        return ThreadTeam(run, self._dialect, self._url)
+    def team(self, run: Run[Any], *, alone: bool = False) -> ThreadTeam | CallerTeam:
+        return CallerTeam() if alone else ThreadTeam(run, self._dialect, self._url)
 
     async def serve(self, run: Run[Any], worker: ThreadWorker, wait_s: float) -> Served:
         if not run.pulls_in_threads:
             return await serve_one(self._attempts, self.attempt, run, worker, wait_s)
-        try:
-            return await anyio.to_thread.run_sync(
-                self._lane, run, worker, wait_s, limiter=self._thread_limiter()
-            )
-        except Stopped:
-            pass
-        await _cancelled()
+        served: Served = await self._thread(worker, self._lane, run, worker, wait_s)
+        return served
 
     async def attempt(self, worker: ThreadWorker, unit: Any, index: int) -> Any:
+        return await self._thread(worker, self._script, worker.handle, unit, index)
+
+    async def _thread(self, worker: ThreadWorker, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in one of the runner's threads, for ``worker``: in a team, or in its caller."""
+        if worker.in_caller:
+            return await in_caller(worker, self._dialect, self._url, self._thread_limiter(), fn, *args)
         try:
-            return await anyio.to_thread.run_sync(
-                self._script, worker.handle, unit, index, limiter=self._thread_limiter()
-            )
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self._thread_limiter())
         except Stopped:
             pass
         await _cancelled()
@@ -174,9 +174,9 @@ class ThreadExecutor:
                         return RETRY
                     finish(settled)
                 else:
-                    finish(Outcome(index, value, None, perf_counter() - started, wait_s))
+                    finish(committed(index, value, perf_counter() - started, wait_s))
                 wait_s = 0.0
-            if run.stopping:
+            if run.stopping or run.drained:
                 return EXHAUSTED
             if should_yield():
                 return MORE  # someone else waits for one of the runner's slots: give ours up
@@ -191,40 +191,57 @@ class ThreadTeam:
         self._url = url
         self._workers: list[ThreadWorker] = []
         self._group: anyio.abc.TaskGroup | None = None
-        self._finished = False
+        #: Workers started and not yet done; ``_done`` is set when the last of them is.
+        self._live = 0
+        self._done = anyio.Event()
 
     def spawn(self, worker: ThreadWorker, body: Body[ThreadWorker]) -> None:
         assert self._group is not None
         self._workers.append(worker)
-        self._group.start_soon(body, worker)  # once cancelled, it stops at its first checkpoint
+        self._live += 1
+        self._group.start_soon(
+            self._lifetime, worker, body
+        )  # once cancelled, it stops at its first checkpoint
+
+    async def _lifetime(self, worker: ThreadWorker, body: Body[ThreadWorker]) -> None:
+        try:
+            await body(worker)
+        finally:
+            self._live -= 1
+            if not self._live:
+                self._done.set()
 
     async def run(self, workers: list[ThreadWorker], body: Body[ThreadWorker]) -> None:
-        async with anyio.create_task_group() as helpers:
+        async with anyio.create_task_group() as self._group:
+            for worker in workers:
+                self.spawn(worker, body)
+            try:
+                if self._live:
+                    await self._done.wait()
+            except BaseException:  # cancelled, or a worker failed
+                # In a task of the group: out of reach of a second native cancellation of this one,
+                # which may be a submit()'s caller (drive(alone=True)).
+                self._group.start_soon(self._wind_down)
+                raise
 
-            async def all_workers() -> None:
-                try:
-                    async with anyio.create_task_group() as self._group:
-                        for worker in workers:
-                            self.spawn(worker, body)
-                    self._finished = True
-                finally:
-                    if not self._finished and self._dialect.ending_connections(self._url):
-                        with anyio.CancelScope(shield=True):  # see NativeTeam.run
-                            await anyio.to_thread.run_sync(self._dialect.wait_connections_ended, self._url)
-                    helpers.cancel_scope.cancel()
-
-            helpers.start_soon(_when_cancelled, self._cancel_statements, lambda: self._finished)
-            helpers.start_soon(all_workers)
-
-    async def _cancel_statements(self) -> None:
+    async def _wind_down(self) -> None:
         """
-        Stop the statement of every unit still running one, until none is.
+        Stop the statement of every unit still running one, until none is; then wait for the
+        workers, and for the connections discarded mid-statement to end on the server.
 
         A cancel request stops only the statement running when it reaches the server: one that
         arrives just before a unit sends its next statement is lost, and that statement would run
         to its end. So it is sent again while any unit is still running.
         """
         self._run.stopping = True
+        with anyio.CancelScope(shield=True):  # started in a cancelled group: shielded from its first step
+            await self._stop_busy()
+            if self._live:
+                await self._done.wait()
+            if self._dialect.ending_connections(self._url):
+                await anyio.to_thread.run_sync(self._dialect.wait_connections_ended, self._url)
+
+    async def _stop_busy(self) -> None:
         while busy := [dbapi for worker in self._workers if (dbapi := worker.handle.cancel()) is not None]:
             logger.debug(
                 "run cancelled: stopping %d statement(s) of %d worker(s)", len(busy), len(self._workers)
@@ -232,17 +249,6 @@ class ThreadTeam:
             await anyio.to_thread.run_sync(self._dialect.cancel_statements, busy)
             await anyio.sleep(CANCEL_AGAIN_S)
         logger.debug("run cancelled: no statement of its %d workers left to stop", len(self._workers))
-
-
-async def _when_cancelled(callback: Callable[[], Awaitable[None]], finished: Callable[[], bool]) -> NoReturn:
-    """Sleep until cancelled. Then, unless the work had finished, run ``callback`` shielded."""
-    try:
-        await anyio.sleep_forever()
-    finally:
-        if not finished():
-            with anyio.CancelScope(shield=True):
-                await callback()
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def _cancelled() -> NoReturn:

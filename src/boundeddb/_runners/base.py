@@ -218,7 +218,7 @@ class BaseRunner:
         return (JournalledRun if journalled else Run)(
             units,  # type: ignore[arg-type]  # JournalChunks come journalled only
             sink,
-            check=self._executor.check,
+            check=None if isinstance(units, (list, tuple)) else self._executor.check,  # see the note below
             stop_on_failure=stop_on_failure,
             recorder=recorder,
             priority=priority,
@@ -319,3 +319,7 @@ class BaseRunner:
         """Run a ProcessRunner worker's call: ``units``, each outcome handed to ``settled`` on the loop."""
         with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
             await self._drive(self._new_run(units, CallbackSink(settled), recorder, priority=0))
+
+
+# A note on _new_run: a run of a list or tuple does not check its units again as it pulls them. Every
+# caller checked them before: run() and stream() with ``items.checked_units``, submit() its one unit.

@@ -19,9 +19,10 @@ from sqlalchemy.engine import Engine
 from .._arguments import check_priority
 from .._batch import BatchPolicy
 from .._core.adaptive import LimitController
+from .._core.attempts import Attempts
 from .._core.gather import Gather
 from .._core.limiter import Limiter, Slot
-from .._core.pacing import Executor
+from .._core.pacing import IN_PLACE, Executor, drive
 from .._core.recorder import NullRecorder
 from .._core.run import Run, SinkT
 from .._core.sinks import CallbackSink, ValueSink
@@ -40,6 +41,8 @@ class Submitter(Protocol):
 
     _engine: Engine
     _executor: Executor[Any]
+    _attempts: Attempts
+    _limiter: Limiter
     _observers: Observers
     _controller: LimitController | None
     _gather: Gather | None
@@ -47,7 +50,13 @@ class Submitter(Protocol):
     def _bound(self) -> AbstractContextManager[None]: ...
 
     def _new_run(
-        self, units: list[Any], sink: SinkT, recorder: NullRecorder, *, priority: int, stop_on_failure: bool
+        self,
+        units: list[Any],
+        sink: SinkT,
+        recorder: NullRecorder,
+        *,
+        priority: int,
+        stop_on_failure: bool,
     ) -> Run[SinkT]: ...
 
     async def _drive(self, run: Run[Any], *, adapt: bool, workers: int = ..., slot: Slot = ...) -> None: ...
@@ -68,7 +77,7 @@ async def submit_unit(runner: Submitter, unit: Any, priority: object, on_outcome
         else:
             sink = ValueSink()
             run = runner._new_run([unit], sink, _NULL_RECORDER, stop_on_failure=True, priority=priority)
-            await runner._drive(run, adapt=False)
+            await drive(run, runner._executor, runner._attempts, IN_PLACE, runner._limiter, 1, alone=True)
             run.serve_hook()  # the runner's own on_outcome
             assert sink.outcome is not None
             outcome = sink.outcome
