@@ -7,6 +7,7 @@ from typing import Any
 from ..measurement import Measurement
 from ..scenarios.instructions import GROUP, LARGE, SMALL
 from ..scenarios.overhead import HAND_WRITTEN, INSTRUMENTED, INSTRUMENTED_GOAL, LIBRARY, PAIRS
+from ..scenarios.parity import ROWS_PER_OP
 from .tables import verdict
 
 
@@ -84,10 +85,11 @@ def section(rows: list[Measurement]) -> tuple[list[str], dict[str, Any]]:
     ]
     batches = [PAIRS[n] for s in data.values() for n in s if "batch" in PAIRS[n].library.options]
     if batches:
-        size = batches[0].library.options["batch"]
+        sizes = " or ".join(str(b) for b in dict.fromkeys(p.library.options["batch"] for p in batches))
         lines += [
-            f"In the batch pairs an op is one of the {size} a transaction holds on both sides, so its "
-            f"count carries 1/{size} of its batch's session, BEGIN and COMMIT.",
+            f"In the batch pairs a transaction holds {sizes} units on both sides, so an op's count carries "
+            f"its share of its batch's session, BEGIN and COMMIT; in the log-row pairs an op is "
+            f"{ROWS_PER_OP} units, each one request-log row.",
             "",
         ]
     return lines, data
