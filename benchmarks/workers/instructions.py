@@ -2,10 +2,11 @@
 One side of an overhead pair, run once for the ``instructions`` scenario, under callgrind.
 
 ``python -m benchmarks.workers.instructions PAIR SIDE N [--seed S] [--limit L] [--index]`` runs
-side SIDE (``library``, ``hand-written``, ``instrumented`` or another peer's key) of overhead pair PAIR on the first N ops of the
-sequence, on the database named by ``$BOUNDEDDB_BENCH_URL``, with no sampler thread and nothing
-printed; it exits 1 if the side failed.  :mod:`benchmarks.scenarios.instructions` starts it
-under ``valgrind --tool=callgrind`` and reads the instruction count valgrind prints.
+side SIDE (``library``, ``hand-written``, ``instrumented`` or another peer's key) of overhead pair
+PAIR on the first N ops of the sequence, on the database named by ``$BOUNDEDDB_BENCH_URL``, with no
+sampler thread and nothing printed; it exits 1 if the side failed.
+:mod:`benchmarks.scenarios.instructions` starts it under ``valgrind --tool=callgrind`` and reads the
+instruction count valgrind prints.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def main(argv: list[str]) -> int:
     """Run one side once: no sampler, nothing printed; 1 if it failed."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.workers.instructions")
     p.add_argument("pair", choices=list(overhead.PAIRS))
-    p.add_argument("side", choices=sorted({side.key for pair in overhead.PAIRS.values() for side in pair.sides}))
+    sides = sorted({side.key for pair in overhead.PAIRS.values() for side in pair.sides})
+    p.add_argument("side", choices=sides)
     p.add_argument("n", type=int)
     p.add_argument("--seed", type=int, default=2022)
     p.add_argument("--limit", type=int, default=20)

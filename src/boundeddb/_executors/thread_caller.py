@@ -113,7 +113,8 @@ async def in_caller(
     try:
         await anyio.to_thread.run_sync(call.run, abandon_on_cancel=True, limiter=limiter)
     except anyio.get_cancelled_exc_class():
-        with anyio.CancelScope(shield=True):  # a task of its own: see _despite_cancellation
+        # In a task of its own: anyio's group waits for it through a second native cancellation.
+        with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as group:
                 group.start_soon(_wind_down, worker.handle, call, dialect, url)
         raise
