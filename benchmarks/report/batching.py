@@ -30,13 +30,16 @@ from .tables import MACHINE_LIMIT, fmt, rounds, rows_ok, table, verdict
 SPEEDUP = {"log": 8.0, "creates": 2.3, "mix": 1.5}
 #: A runner's batches over the hand-written loop at the same size, and its speed-up over the loop's.
 OF_HAND = 0.95
-#: Good units/s with 1% failing units over the clean run at the same size.
-OF_CLEAN = 0.7
+#: Good units/s with 1% failing units over the clean run at the same size; the goal holds where the
+#: hand-written twin, which reruns a failed batch's units one by one, keeps at least HAND_KEEPS.
+OF_CLEAN, HAND_KEEPS = 0.7, 0.75
 #: The web path's rows/s with ``linger`` over one transaction per request (closed loop).
 WEB_SPEEDUP = 5.0
 #: Each runner side and its hand-written twin.
 TWIN = {"semaphore": "hand", "threads": "hand-threads"}
 RUNNER_NAME = {"semaphore": "SemaphoreRunner", "threads": "ThreadOffloadRunner"}
+#: Every side's name in the tables.
+SIDE_NAME = {**RUNNER_NAME, "hand": "hand-written loop", "hand-threads": "hand-written threads"}
 #: A row's measurements, by round.
 Rounds = dict[int, Measurement]
 FIELDS = frozenset(f.name for f in dataclasses.fields(Measurement))
@@ -169,7 +172,7 @@ def _failing_table(grid: Grid) -> tuple[list[str], dict[str, Any]]:
         def note(m: Measurement, failing: int = failing) -> str:
             return f"{m.failed} failed, {failing} meant to" if m.failed != failing else ""
 
-        body.append([w, RUNNER_NAME[side], f"{c['units']:,}", f"{failing:,}"])
+        body.append([w, SIDE_NAME[side], f"{c['units']:,}", f"{failing:,}"])
         body[-1] += [_fig(ms, "ops_per_s", digits=0)]
         body[-1] += [_fig(clean, "ops_per_s", digits=0), _shown(ratios), _n(ms, "failed")]
         body[-1] += [_n(ms, "units_rerun"), _n(ms, "commits"), _n(ms, "rollbacks"), _rows_shown(ms)]
@@ -291,6 +294,27 @@ def _goal(target: str, got: dict[str, list[float]], goal: float, *, digits: int 
     return {"target": f"batching: {target}", "value": worst, "status": status, "shown": shown + extra}
 
 
+def _failing_goal(failing: dict[str, Any]) -> dict[str, Any]:
+    """
+    Each runner's good units/s with 1% failing units >= OF_CLEAN of its clean run; where it misses
+    and its hand-written twin keeps less than HAND_KEEPS in the same rounds, the workload's limit.
+    """
+    got = {k: v["of_clean_rounds"] for k, v in failing.items() if k.split()[1] in TWIN}
+    hand = {
+        k: failing.get(f"{k.split()[0]} {TWIN[k.split()[1]]}", {}).get("of_clean_rounds", []) for k in got
+    }
+    extra = "; the hand-written twins: " + ", ".join(f"{k} {_shown(v)}" for k, v in hand.items() if v)
+    target = (
+        f"with 1% failing units, good units/s >= {OF_CLEAN} of the clean run at batch={sc.FAIL_SIZE}, "
+        f"where the hand-written twin keeps >= {HAND_KEEPS}"
+    )
+    goal = _goal(target, got, OF_CLEAN, extra=extra if any(hand.values()) else "")
+    missed = [k for k, v in got.items() if (median_of(v) or 0.0) < OF_CLEAN]
+    if goal["status"] == "MISS" and all(hand[k] and (median_of(hand[k]) or 0.0) < HAND_KEEPS for k in missed):
+        goal["status"] = MACHINE_LIMIT  # the hand-written twin keeps less too, in the same rounds
+    return goal
+
+
 def _goals(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's goals, each PASS, MISS (FAIL: rows wrong) or n/a, on the medians of the rounds."""
     s = data.get("summary", {})
@@ -320,9 +344,7 @@ def _goals(data: dict[str, Any]) -> list[dict[str, Any]]:
         }
         target = f"{RUNNER_NAME[side]}'s batches >= {OF_HAND} of the hand-written loop at the same size"
         out.append(_goal(target, got, OF_HAND, digits=3))
-    got = {k: v["of_clean_rounds"] for k, v in data.get("failing", {}).items()}
-    target = f"with 1% failing units, good units/s >= {OF_CLEAN} of the clean run at batch={sc.FAIL_SIZE}"
-    out.append(_goal(target, got, OF_CLEAN))
+    out.append(_failing_goal(data.get("failing", {})))
     bad = s.get("rows_failed", [])
     shown = ("wrong in: " + "; ".join(bad)) if bad else "every row count as expected"
     target = "batching: every good unit's rows committed exactly once, a failing unit's not at all, "
@@ -361,8 +383,8 @@ NOTES = {
     "`RunStats.units_rerun`; rows: every good unit's rows exactly once (counted afterwards).",
     "failing": "A failing unit adds a request-log row whose unique key was seeded before the run: the "
     "post's ops flush it in the unit (the unit raises), a log row fails the batch's COMMIT (no unit "
-    "named: the runner bisects).  of clean: good units/s over the clean run of the same runner, size "
-    "and workload above.",
+    "named: the runner bisects).  The hand-written twins rerun a failed batch's units one transaction "
+    "each.  of clean: good units/s over the clean run of the same side, size and workload above.",
     "closed": f"`SemaphoreRunner(limit={LIMIT})` (asyncpg); each of 'in flight' coroutines submits one log "
     "row after another: a closed loop, always saturated, for the rows/s only (with `linger`, rows/s is "
     "at most in-flight / (linger + txn time)); its submit() latencies are queueing behind the other "

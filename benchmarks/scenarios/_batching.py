@@ -202,18 +202,35 @@ def count_transactions(sync_engine: Any) -> dict[str, int]:
 
 
 async def hand_async(sessions: async_sessionmaker[Any], work: Work, size: int, p: Probe) -> list[float]:
-    """LIMIT coroutines, each taking ``size`` units at a time: one AsyncSession, one commit."""
+    """
+    LIMIT coroutines, each taking ``size`` units at a time: one AsyncSession, one commit. A batch
+    that fails is rolled back and its units run again one transaction each, as a careful hand would;
+    those that fail alone count in ``p.failed``. The good units' latencies are returned.
+    """
     todo = iter([async_unit(work, i) for i in range(work.n)])
     latencies: list[float] = []
+
+    async def commit(units: list[Any]) -> None:
+        async with sessions() as session:
+            for unit in units:
+                await unit(session)
+            await session.commit()
 
     async def worker() -> None:
         while batch := list(itertools.islice(todo, size)):
             start = time.perf_counter()
-            async with sessions() as session:
+            try:
+                await commit(batch)
+            except Exception:
                 for unit in batch:
-                    await unit(session)
-                await session.commit()
-            latencies.extend([time.perf_counter() - start] * len(batch))
+                    try:
+                        await commit([unit])
+                    except Exception:
+                        p.failed += 1
+                    else:
+                        latencies.append(time.perf_counter() - start)
+            else:
+                latencies.extend([time.perf_counter() - start] * len(batch))
             p.done += len(batch)
 
     await asyncio.gather(*(worker() for _ in range(LIMIT)))
@@ -221,10 +238,16 @@ async def hand_async(sessions: async_sessionmaker[Any], work: Work, size: int, p
 
 
 def hand_threads(sessions: sessionmaker[Session], work: Work, size: int, p: Probe) -> list[float]:
-    """LIMIT threads, each taking ``size`` units at a time: one Session, one commit."""
+    """LIMIT threads, each taking ``size`` units at a time: one Session, one commit; as hand_async."""
     todo = iter([sync_unit(work, i) for i in range(work.n)])
     lock = threading.Lock()
     latencies: list[float] = []
+
+    def commit(units: list[Any]) -> None:
+        with sessions() as session:
+            for unit in units:
+                unit(session)
+            session.commit()
 
     def worker() -> None:
         while True:
@@ -233,12 +256,20 @@ def hand_threads(sessions: sessionmaker[Session], work: Work, size: int, p: Prob
             if not batch:
                 return
             start = time.perf_counter()
-            with sessions() as session:
+            try:
+                commit(batch)
+                good, failed = len(batch), 0
+            except Exception:
+                good = failed = 0
                 for unit in batch:
-                    unit(session)
-                session.commit()
+                    try:
+                        commit([unit])
+                        good += 1
+                    except Exception:
+                        failed += 1
             with lock:
-                latencies.extend([time.perf_counter() - start] * len(batch))
+                latencies.extend([time.perf_counter() - start] * good)
+                p.failed += failed
                 p.done += len(batch)
 
     with ThreadPoolExecutor(LIMIT, thread_name_prefix="hand-batch") as pool:
