@@ -173,41 +173,26 @@ def measure_log_batches(
 
 
 def _submit_pairs(callers: int, counted: bool) -> tuple[Pair, Pair]:
-    options = {"callers": callers}
-    peers = (
-        (
-            Side("priority", f"submit priority=1 x{callers}", "submit(unit, priority=1)", measure_submit,
-                 {**options, "priority": 1}, limit=SUBMIT_POOL),
-        )
-        if callers == 16
-        else ()
-    )  # fmt: skip
-    plain = f"{callers} callers, plain session per call"
+    def side(key: str, name: str, what: str, measure: Callable[..., Any], **more: Any) -> Side:
+        return Side(key, name, what, measure, {"callers": callers, **more}, limit=SUBMIT_POOL)
+
+    shared: dict[str, Any] = {"target": PARITY_TARGET, "subject": "submit()", "study": STUDY,
+                              "counted": counted, "yardstick": "a plain session per call"}  # fmt: skip
+    plain, awaiting = f"{callers} callers, plain session per call", f"{callers} callers awaiting"
+    priority = f"submit priority=1 x{callers}", "submit(unit, priority=1)", measure_submit
     return (
-        Pair(
-            f"submit-{callers}",
-            f"submit x{callers} / {plain}",
-            Side(LIBRARY, f"submit x{callers}",
-                 f"{callers} callers awaiting SemaphoreRunner(limit=4).submit(unit)",
-                 measure_submit, options, limit=SUBMIT_POOL),
-            Side(HAND_WRITTEN, f"plain x{callers}",
-                 f"{callers} callers, async with sessions.begin() per call",
-                 measure_plain, options, limit=SUBMIT_POOL),
-            peers, target=PARITY_TARGET, subject="submit()", yardstick="a plain session per call",
-            study=STUDY, counted=counted,
-        ),
-        Pair(
-            f"threads-submit-{callers}",
-            f"threads submit x{callers} / {plain} in a thread",
-            Side(LIBRARY, f"threads submit x{callers}",
-                 f"{callers} callers awaiting ThreadOffloadRunner(limit=4).submit(unit)",
-                 measure_threads_submit, options, limit=SUBMIT_POOL),
-            Side(HAND_WRITTEN, f"plain threads x{callers}",
-                 f"{callers} callers, anyio.to_thread.run_sync of a sessions.begin() block",
-                 measure_threads_plain, options, limit=SUBMIT_POOL),
-            target=PARITY_TARGET, subject="submit()", yardstick="a plain session per call", study=STUDY,
-            counted=counted,
-        ),
+        Pair(f"submit-{callers}", f"submit x{callers} / {plain}",
+             side(LIBRARY, f"submit x{callers}", f"{awaiting} SemaphoreRunner(limit=4).submit(unit)",
+                  measure_submit),
+             side(HAND_WRITTEN, f"plain x{callers}",
+                  f"{callers} callers, async with sessions.begin() per call", measure_plain),
+             (side("priority", *priority, priority=1),) if callers == 16 else (), **shared),
+        Pair(f"threads-submit-{callers}", f"threads submit x{callers} / {plain} in a thread",
+             side(LIBRARY, f"threads submit x{callers}",
+                  f"{awaiting} ThreadOffloadRunner(limit=4).submit(unit)", measure_threads_submit),
+             side(HAND_WRITTEN, f"plain threads x{callers}",
+                  f"{callers} callers, anyio.to_thread.run_sync of a sessions.begin() block",
+                  measure_threads_plain), **shared),
     )  # fmt: skip
 
 

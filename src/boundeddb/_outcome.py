@@ -92,7 +92,7 @@ _new = object.__new__
 ) = (Outcome.__dict__[field.name].__set__ for field in dataclasses.fields(Outcome))
 
 
-def committed(
+def committed_outcome(
     index: int, value: object, latency_s: float, wait_s: float, attempts: int = 1, verified: bool = False
 ) -> Outcome[object]:
     """

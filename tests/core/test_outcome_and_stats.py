@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from boundeddb import Outcome, RunnerClosedError, RunReport, RunStats, SemaphoreRunner
 from boundeddb._executors.checkouts import _gauges
-from boundeddb._outcome import committed
+from boundeddb._outcome import committed_outcome
 from boundeddb._stats import percentile
 from tests.support.kits import StartGate
 
@@ -48,8 +48,8 @@ def test_outcome_is_frozen_and_slotted() -> None:
 
 
 def test_a_committed_outcome_made_on_the_fast_path_equals_the_dataclass_one() -> None:
-    """``_outcome.committed()`` sets every field, as ``Outcome(...)`` with an error of None does."""
-    fast = committed(7, "v", 0.25, 0.5, 3, True)
+    """``_outcome.committed_outcome()`` sets every field, as ``Outcome(...)`` with an error of None does."""
+    fast = committed_outcome(7, "v", 0.25, 0.5, 3, True)
     assert fast == Outcome(7, "v", None, 0.25, 0.5, 3, commit_verified=True)
     assert [getattr(fast, f.name) for f in dataclasses.fields(Outcome)] == [
         7,
@@ -62,7 +62,7 @@ def test_a_committed_outcome_made_on_the_fast_path_equals_the_dataclass_one() ->
         True,
         False,
     ]
-    assert committed(1, None, 0.0, 0.0) == Outcome(1, None, None, 0.0, 0.0)
+    assert committed_outcome(1, None, 0.0, 0.0) == Outcome(1, None, None, 0.0, 0.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.value = "w"  # type: ignore[misc]
 

@@ -18,7 +18,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 import anyio
 
-from .._outcome import Outcome, committed
+from .._outcome import Outcome, committed_outcome
 from .adaptive import LimitController
 from .attempts import AttemptFn, Attempts, Retry
 from .feedback import Feedback
@@ -136,7 +136,7 @@ async def serve_one(
                 worker.retry = Retry(unit, index, 2, settled, wait_s)
                 return RETRY
         else:
-            settled = committed(index, value, perf_counter() - started, wait_s)
+            settled = committed_outcome(index, value, perf_counter() - started, wait_s)
         run.finish(settled)
     return EXHAUSTED if run.drained else MORE
 
@@ -229,7 +229,7 @@ class _Drive:
         self.pacer = pacer
         self.limiter = limiter
         self.controller = controller
-        self.team = executor.team(run, alone=True) if alone else executor.team(run)
+        self.team = executor.team(run, alone=alone)
         #: Workers started and not yet done, retry carriers aside, and whether one found the input
         #: exhausted. ``drive()`` sets them.
         self.live = 0

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from .._errors import RunFailed, UnitMisuseError
-from .._outcome import Outcome, RunReport, committed
+from .._outcome import Outcome, RunReport, committed_outcome
 from .._stats import RunStats
 from .._telemetry import CallTelemetry
 from .feedback import OutcomeHook
@@ -82,7 +82,7 @@ class Settling(Generic[SinkT]):
     ) -> None:  # fmt: skip
         """:meth:`finish` for each unit of a batch that committed, counted and delivered in one step each."""
         outcomes = [
-            committed(index, value, latency, wait_s, attempt, verified)
+            committed_outcome(index, value, latency, wait_s, attempt, verified)
             for (_, index), value in zip(group, values, strict=True)
         ]
         self.recorder.units_committed(len(outcomes), latency, wait_s, attempt, verified)

@@ -30,7 +30,7 @@ from .._core.limiter import Limiter, Slot
 from .._core.pacing import EXHAUSTED, MORE, RETRY, Body, Served, serve_one
 from .._core.run import END, REFUSED, Run
 from .._dialects import Dialect
-from .._outcome import Outcome, committed
+from .._outcome import Outcome, committed_outcome
 from .batch_script import attempt_batch_sync
 from .deadlines import StatementDeadlines
 from .script import attempt_sync
@@ -174,7 +174,7 @@ class ThreadExecutor:
                         return RETRY
                     finish(settled)
                 else:
-                    finish(committed(index, value, perf_counter() - started, wait_s))
+                    finish(committed_outcome(index, value, perf_counter() - started, wait_s))
                 wait_s = 0.0
             if run.stopping or run.drained:
                 return EXHAUSTED
@@ -199,9 +199,8 @@ class ThreadTeam:
         assert self._group is not None
         self._workers.append(worker)
         self._live += 1
-        self._group.start_soon(
-            self._lifetime, worker, body
-        )  # once cancelled, it stops at its first checkpoint
+        # Once the run is cancelled, the worker stops at its first checkpoint.
+        self._group.start_soon(self._lifetime, worker, body)
 
     async def _lifetime(self, worker: ThreadWorker, body: Body[ThreadWorker]) -> None:
         try:

@@ -42,7 +42,7 @@ from .._progress import FeedbackRequest, open_feedback
 from .._retry import RetryPolicy
 from .._stats import RunnerStatistics, RunStats
 from .binding import LoopBinding
-from .items import checked_units
+from .items import check_when_pulled, checked_units
 from .journal_units import map_units
 from .observers import Observers
 from .pools import LimitPlan, bound_engine, resolve_limit_or_auto, with_reserve
@@ -218,7 +218,7 @@ class BaseRunner:
         return (JournalledRun if journalled else Run)(
             units,  # type: ignore[arg-type]  # JournalChunks come journalled only
             sink,
-            check=None if isinstance(units, (list, tuple)) else self._executor.check,  # see the note below
+            check=check_when_pulled(units, self._executor.check),
             stop_on_failure=stop_on_failure,
             recorder=recorder,
             priority=priority,
@@ -319,7 +319,3 @@ class BaseRunner:
         """Run a ProcessRunner worker's call: ``units``, each outcome handed to ``settled`` on the loop."""
         with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
             await self._drive(self._new_run(units, CallbackSink(settled), recorder, priority=0))
-
-
-# A note on _new_run: a run of a list or tuple does not check its units again as it pulls them. Every
-# caller checked them before: run() and stream() with ``items.checked_units``, submit() its one unit.

@@ -13,7 +13,7 @@ from .._arguments import checked_iterable
 from .._core.run import UnitCheck
 from .._errors import UnitMisuseError
 
-__all__ = ["BoundItem", "check_now", "checked_units", "units_of"]
+__all__ = ["BoundItem", "check_now", "check_when_pulled", "checked_units", "units_of"]
 
 
 def checked_units(units: object, check: UnitCheck) -> Iterable[Any] | AsyncIterable[Any]:
@@ -23,6 +23,15 @@ def checked_units(units: object, check: UnitCheck) -> Iterable[Any] | AsyncItera
         for index, unit in enumerate(checked):
             check_now(unit, index, check)
     return checked
+
+
+def check_when_pulled(units: object, check: UnitCheck) -> UnitCheck | None:
+    """
+    What a run checks each unit with as it pulls it: nothing for a list or tuple, which every caller
+    checked whole before the run (run() and stream() with :func:`checked_units`, submit() its one
+    unit with :func:`check_now`), else ``check``.
+    """
+    return None if isinstance(units, (list, tuple)) else check
 
 
 def check_now(unit: object, index: int, check: UnitCheck) -> None:
