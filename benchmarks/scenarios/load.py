@@ -28,8 +28,9 @@ create, ``create_date`` its server default).  Every side runs on fresh tables, o
   ``cursor.executemany()`` (aiomysql sends it as multi-row ``INSERT`` statements) and a commit;
   ``batch=500`` ORM units, one transaction per row.
 * **SQLite, pysqlite** (``ThreadOffloadRunner(limit=1).load_sync``: one writer): a file in a
-  temporary directory (WAL), one thread, each chunk ``cursor.executemany()`` and a commit;
-  ``batch=500`` ORM units, one transaction per row.
+  temporary directory (WAL), one thread, each chunk ``cursor.executemany()`` and a commit, and the
+  same thread with multi-row ``INSERT`` statements of :data:`HAND_VALUES` rows, as ``load()`` sends
+  them; ``batch=500`` ORM units, one transaction per row.
 
 rows/s is input rows (loaded or rejected) per second of wall time.  Every side's rows are counted
 afterwards: each good row exactly once, no duplicate (``rows``).  ``--load-rounds K``
@@ -43,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import operator
 import random
 import tempfile
@@ -72,6 +74,8 @@ GROUP = "load"
 #: Connections (so chunks in flight) on PostgreSQL and MariaDB; SQLite has one writer.
 LIMIT = 8
 SQLITE_LIMIT = 1
+#: Rows a statement of the hand-written multi-row INSERT loop on SQLite: load()'s own size.
+HAND_VALUES = 1000
 #: load()'s default rows per transaction, and the other sizes measured beside it (asyncpg).
 BATCH = 5000
 SIZES = (1000, 20000)
@@ -406,16 +410,25 @@ async def hand_insert_aiomysql(engine: AsyncEngine, work: Input, p: Probe) -> in
     return len(work.rows)
 
 
-def hand_insert_sqlite(engine: Engine, work: Input, p: Probe) -> int:
-    """One connection: each chunk one ``cursor.executemany()`` and a commit."""
-    marks = ", ".join(["?"] * len(work.columns))
-    statement = f"INSERT INTO {SCHEMA}.{work.table} ({', '.join(work.columns)}) VALUES ({marks})"
+def hand_insert_sqlite(engine: Engine, work: Input, p: Probe, *, values: int = 1) -> int:
+    """
+    One connection: each chunk one ``cursor.executemany()`` and a commit; or, with ``values`` rows a
+    statement, ``cursor.execute()`` of multi-row ``INSERT`` statements of that many rows.
+    """
+    marks = f"({', '.join(['?'] * len(work.columns))})"
+    head = f"INSERT INTO {SCHEMA}.{work.table} ({', '.join(work.columns)}) VALUES "
     with engine.connect() as conn:
         driver: Any = conn.connection.driver_connection
         for chunk in _chunks(work.rows, BATCH):
             records = work.records(chunk)
             cursor = driver.cursor()
-            cursor.executemany(statement, records)
+            if values == 1:
+                cursor.executemany(head + marks, records)
+            else:
+                for start in range(0, len(records), values):
+                    part = records[start : start + values]
+                    statement = head + ", ".join([marks] * len(part))
+                    cursor.execute(statement, list(itertools.chain.from_iterable(part)))
             cursor.close()
             driver.commit()
             p.done += len(records)
@@ -430,7 +443,7 @@ class Side:
     """One measurement: a driver, a way of writing, its rows."""
 
     driver: str  # asyncpg, psycopg, aiomysql, pysqlite
-    kind: str  # load, hand, staging, orm-batch, orm-single
+    kind: str  # load, hand, hand-values, staging, orm-batch, orm-single
     work: Input
     batch: int | None = BATCH
     journal: bool = False
@@ -500,7 +513,7 @@ async def measure(place: Place, side: Side, round_no: int, rounds: int) -> None:
             await _in_schema(engine, Journal.create)
             await _in_schema(engine, journal.forget)
         counts = count_transactions(sync_engine)
-        if side.kind in ("hand", "staging"):
+        if side.kind in ("hand", "hand-values", "staging"):
             async with probe as p:
                 if side.driver == "asyncpg":
                     inserted = await hand_copy_asyncpg(engine, work, p, staging=side.kind == "staging")
@@ -509,7 +522,8 @@ async def measure(place: Place, side: Side, round_no: int, rounds: int) -> None:
                 elif side.driver == "aiomysql":
                     inserted = await hand_insert_aiomysql(engine, work, p)
                 else:
-                    inserted = await asyncio.to_thread(hand_insert_sqlite, engine, work, p)
+                    values = HAND_VALUES if side.kind == "hand-values" else 1
+                    inserted = await asyncio.to_thread(hand_insert_sqlite, engine, work, p, values=values)
                 p.succeeded = len(work.rows)
         elif side.kind == "load":
             sessions: Any = (async_sessionmaker if side.is_async else sessionmaker)(
@@ -604,7 +618,7 @@ def _check(place: Place, side: Side, report: Any, inserted: int | None) -> dict[
     work = side.work
     n = (
         len(work.rows)
-        if side.kind in ("load", "hand", "staging")
+        if side.kind in ("load", "hand", "hand-values", "staging")
         else min(len(work.rows), ORM_ROWS if side.kind == "orm-batch" else SINGLE_ROWS)
     )
     good = n - work.duplicates
@@ -742,6 +756,7 @@ def _groups(ctx: Context) -> list[tuple[str, list[Side]]]:
             "pysqlite",
             [
                 Side("pysqlite", "hand", clean),
+                Side("pysqlite", "hand-values", clean),
                 Side("pysqlite", "load", clean),
                 Side("pysqlite", "orm-batch", clean, ORM_BATCH),
                 Side("pysqlite", "orm-single", clean, None),

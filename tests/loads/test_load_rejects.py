@@ -1,20 +1,23 @@
 """
 Rows the database refuses: each rejected alone, with its input index, the row as given and the
 SQLAlchemy exception that ``insert()`` would raise; every other row committed once. On each bulk path
-(PostgreSQL's COPY by asyncpg and psycopg 3, async and sync; psycopg2's, MariaDB's and SQLite's
-``insert()``), where the kind of refusal exists. Then ``errors="raise"``, and a target whose Python
-default is a SQL expression, which takes the ``insert()`` path.
+(PostgreSQL's COPY by asyncpg and psycopg 3, async and sync; psycopg2's; MariaDB's ``executemany()``;
+SQLite's multi-row ``INSERT`` statements), where the kind of refusal exists. Then ``errors="raise"``,
+a target whose Python default is a SQL expression, which takes the ``insert()`` path, and SQLite's
+statements: refusals at their edges, a build that takes fewer parameters, the savepoint set late.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import sqlite3
+import sys
 from datetime import datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import MetaData, Table, text
+from sqlalchemy import MetaData, Table, event, text
 from sqlalchemy import exc as sa_exc
 
 from boundeddb import LoadFailed
@@ -36,7 +39,7 @@ REJECT_CASES = [
     ("semaphore-aiosqlite", "asyncio"),
     ("threads-pysqlite", "asyncio"),
 ]
-#: One case per bulk path: asyncpg's binary COPY, psycopg 3's text COPY, MariaDB's and SQLite's insert().
+#: One case per bulk path: asyncpg's binary COPY, psycopg 3's text COPY, psycopg2's, MariaDB's, SQLite's.
 PATH_CASES = [
     ("semaphore", "asyncio"),
     ("threads-psycopg", "asyncio"),
@@ -235,3 +238,123 @@ async def test_a_later_row_named_first_by_copy_loses_no_row(bkit: BatchKit, tabl
     assert [r.index for r in report.rejected] == [0, 24]
     assert (report.loaded, report.transactions) == (23, 1)
     assert tables.column(tables.people, "n") == [-1, *range(1, 24)]
+
+
+#: SQLite's two drivers, whose rows go as multi-row INSERT statements of up to 1,000 rows.
+SQLITE_CASES = [("semaphore-aiosqlite", "asyncio"), ("threads-pysqlite", "asyncio")]
+
+
+def inserts_sent(bkit: BatchKit, table: str) -> list[tuple[int, int]]:
+    """The rows and parameters of each ``INSERT INTO table`` the runner's engine sends from now on."""
+    sizes: list[tuple[int, int]] = []
+
+    def sent(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, many: bool) -> None:
+        if statement.startswith(f"INSERT INTO {table} "):
+            rows = len(parameters) if many else statement.count("), (") + 1
+            sizes.append((rows, statement.count("?")))
+
+    event.listen(getattr(bkit.engine, "sync_engine", bkit.engine), "before_cursor_execute", sent)
+    return sizes
+
+
+@pytest.mark.anyio
+@every(SQLITE_CASES)
+async def test_sqlite_rows_refused_in_any_statement_of_a_chunk_are_rejected_alone(
+    bkit: BatchKit, tables: Tables
+) -> None:
+    """A chunk of 2,500 rows goes as INSERTs of 1,000, 1,000 and 500 rows: bad rows at their edges, alone."""
+    seed_taken(tables)
+    bad = {
+        0: {"email": TAKEN_EMAIL},
+        999: {"name": None},
+        1000: {"age": -1},
+        1999: {"email": TAKEN_EMAIL},
+        2000: {"name": None},
+        2499: {"age": -1},
+    }
+    rows = [person(i, **bad.get(i, {})) for i in range(2500)]
+    runner = bkit.runner(limit=1)
+    sizes = inserts_sent(bkit, "load_people")
+    report = await runner.load(tables.people, rows, batch=2500)
+    assert max(sizes) == (1000, 6000), "multi-row statements of 1,000 rows, 6 parameters a row"
+    assert [rejected.index for rejected in report.rejected] == sorted(bad)
+    assert all(isinstance(rejected.error, sa_exc.IntegrityError) for rejected in report.rejected)
+    assert (report.loaded, report.transactions) == (2494, 1)
+    assert tables.column(tables.people, "n") == [-1, *(i for i in range(2500) if i not in bad)]
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="sqlite3.Connection.setlimit() is new in Python 3.11")
+@every([("threads-pysqlite", "asyncio")])
+async def test_sqlite_built_for_fewer_parameters_gets_smaller_statements(
+    bkit: BatchKit, tables: Tables
+) -> None:
+    """A build that takes 100 parameters (6 a row): statements halved until they pass, no row lost."""
+    seed_taken(tables)
+    rows = [person(i, email=TAKEN_EMAIL) if i == 250 else person(i) for i in range(500)]
+    runner = bkit.runner(limit=1)
+    event.listen(
+        bkit.engine,
+        "checkout",
+        lambda dbapi_connection, *_: dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 100),
+    )
+    sizes = inserts_sent(bkit, "load_people")
+    report = await runner.load(tables.people, rows, batch=500)
+    passed = sizes.index((15, 90))  # refused at 500, 250, 125, 62 and 31 rows: 16 parameters and more
+    assert sizes[:passed] == [(n, 6 * n) for n in (500, 250, 125, 62, 31)]
+    assert max(parameters for _, parameters in sizes[passed:]) <= 100, (
+        "never more than the build allows again"
+    )
+    assert [rejected.index for rejected in report.rejected] == [250]
+    assert report.loaded == 499
+    assert tables.column(tables.people, "n") == [-1, *(i for i in range(500) if i != 250)]
+    rows = [person(i) for i in range(1000, 1010)]
+    bkit.engine.dispose()  # a new connection: sqlite3's cache of prepared statements holds no INSERT
+    event.listen(
+        bkit.engine,
+        "checkout",
+        lambda dbapi_connection, *_: dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 5),
+    )
+    with pytest.raises(
+        LoadFailed, match=r"a chunk of rows failed \(OperationalError\): 0 rows committed"
+    ) as raised:
+        await runner.load(tables.people, rows)  # fewer than one row's 6: the error insert() raises
+    assert isinstance(raised.value.__cause__, sa_exc.OperationalError)
+    assert "too many SQL variables" in str(raised.value.__cause__)
+    assert len(tables.column(tables.people, "n")) == 500
+
+
+def statements_sent(bkit: BatchKit) -> list[str]:
+    """The first word (two for BEGIN IMMEDIATE) of each statement the runner's engine sends from now on."""
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        words = statement.split()
+        sent.append(" ".join(words[:2]) if words[:2] == ["BEGIN", "IMMEDIATE"] else words[0])
+
+    event.listen(getattr(bkit.engine, "sync_engine", bkit.engine), "before_cursor_execute", record)
+    return sent
+
+
+@pytest.mark.anyio
+@every(SQLITE_CASES)
+async def test_sqlite_sets_the_savepoint_only_once_a_chunk_needs_it(bkit: BatchKit, tables: Tables) -> None:
+    """A clean chunk: no SAVEPOINT. A refused first attempt: its transaction begun again, then one."""
+    seed_taken(tables)
+    rows = [person(i, email=TAKEN_EMAIL) if i == 7 else person(i) for i in range(20)]
+    runner = bkit.runner(limit=1)
+    sent = statements_sent(bkit)
+    report = await runner.load(tables.people, rows, batch=5)  # rows 5-9 the second chunk
+    assert [rejected.index for rejected in report.rejected] == [7]
+    assert (report.loaded, report.transactions) == (19, 4)
+    chunks: list[list[str]] = []
+    for word in sent:
+        if word == "BEGIN":
+            chunks.append([])
+        chunks[-1].append(word)
+    assert len(chunks) == 4, sent
+    assert chunks[0] == ["BEGIN", "INSERT"], "a clean chunk: no savepoint"
+    assert chunks[1][:5] == ["BEGIN", "INSERT", "ROLLBACK", "BEGIN IMMEDIATE", "SAVEPOINT"], sent
+    assert all("SAVEPOINT" not in chunk for chunk in chunks[2:]), sent
+    assert tables.column(tables.people, "n") == [-1, *(i for i in range(20) if i != 7)]
+    assert bkit.pool.checkedout() == 0

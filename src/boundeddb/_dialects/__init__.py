@@ -21,10 +21,8 @@ __all__ = ["STATEMENT_ENDED", "Dialect", "all_dialects", "for_name"]
 def _registry() -> dict[str, Dialect]:
     found: dict[str, Dialect] = {}
     for module_info in pkgutil.iter_modules(__path__):
-        if module_info.name in ("base", "bulk", "copy_text"):  # not databases: what they share, bulk paths
-            continue
         module = importlib.import_module(f"{__name__}.{module_info.name}")
-        for name in module.NAMES:
+        for name in getattr(module, "NAMES", ()):  # not a database's module: what they share, bulk paths
             found[name] = module.DIALECT
     return found
 

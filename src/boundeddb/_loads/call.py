@@ -18,7 +18,7 @@ from .._core.recorder import Recorder
 from .._core.run import Run
 from .._core.sinks import ListSink
 from .._dialects import Dialect
-from .._dialects.bulk import bulk_writer
+from .._dialects.writers import bulk_writer
 from .._errors import LoadFailed
 from .._outcome import ChunkResult, LoadReport, Outcome, RejectedRow
 from .._stats import RunStats

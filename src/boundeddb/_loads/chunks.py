@@ -135,8 +135,9 @@ class ChunkMaker:
             keys = tuple(first)
             shape = self._shapes.get(keys) or self._shape(keys, indexes[0])
             try:
-                same = set(map(len, rows)) == {len(keys)}  # and each has every key: the getter says
-                values = list(map(self._getter(shape), rows)) if same else None
+                values: list[Any] | None = list(map(self._getter(shape), rows))  # each has every key
+                if sum(map(len, rows)) != len(keys) * len(rows):  # and so none has more
+                    values = None
             except (KeyError, TypeError):  # a row of other keys, or not a mapping
                 values = None
             if values is not None:
@@ -172,6 +173,11 @@ class ChunkMaker:
     def chunks(self, rows: Iterable[Any]) -> Iterator[Any]:
         """The units of ``rows``, pulled one chunk at a time, as the runner asks for the next."""
         iterator, batch, index = iter(rows), self._batch, 0
+        if not self._done.count and isinstance(rows, (list, tuple)):  # nothing to skip: slices, at C speed
+            for start in range(0, len(rows), batch):
+                taken = list(rows[start : start + batch])
+                yield self._make_unit(self._chunk(taken, range(start, start + len(taken))))
+            return
         while True:
             if not self._done.count:  # nothing to skip: the chunk's indexes follow on
                 taken = list(islice(iterator, batch))

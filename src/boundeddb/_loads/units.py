@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session
 
 from .._core.rejects import Attempt, RowSearch
 from .._dialects import Dialect
-from .._dialects.bulk import BulkWriter, Refused, is_duplicate_key
+from .._dialects.bulk import BulkWriter
+from .._dialects.refusals import Refused, is_duplicate_key
 from .._outcome import ChunkResult, RejectedRow
 from .chunks import Chunk
 from .keys import KeyCheck, KeyQuery
