@@ -30,6 +30,6 @@ def bulk_writer(dialect: SADialect, table: Table, needs_insert: bool) -> BulkWri
     if dialect.name == "sqlite" and dialect.paramstyle == "qmark" and not needs_insert:
         return SqliteValuesWriter(dialect)
     executemany = dialect.name in ("mysql", "mariadb") and not needs_insert
-    if executemany and dialect.paramstyle in ("format", "pyformat"):
+    if executemany and dialect.paramstyle in ("qmark", "format", "pyformat"):  # qmark: MariaDB Connector
         return ExecutemanyWriter(dialect)
     return BulkWriter(dialect)
