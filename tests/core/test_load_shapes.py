@@ -50,9 +50,9 @@ class Fraction(float):
 def test_a_column_of_floats_skips_float_and_the_rows_are_the_records() -> None:
     """SQLite's ``Float`` processor is ``float()``: a chunk of floats (or None) is sent as given."""
     made = shape(("a", "f", "s", "c"))
-    rows = [(1, 2.5, "x", "y"), (2, None, "x", "y")]
-    assert made.convert_all(rows) is rows
-    assert made.convert_all(rows) == [made.record(row) for row in rows]
+    for rows in ([(1, 2.5, "x", "y"), (2, None, "x", "y")], [(1, 2.5, "x", "y"), (2, 0.5, "x", "y")]):
+        assert made.convert_all(rows) is rows
+        assert made.convert_all(rows) == [made.record(row) for row in rows]
 
 
 def test_a_column_not_all_floats_goes_through_float() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
-from operator import itemgetter
+from operator import countOf, itemgetter
 from typing import Any, Final
 
 from sqlalchemy import Column, Table
@@ -141,6 +141,8 @@ class Shape:
 
 def _holds_only(rows: list[tuple[Any, ...]], position: int, kind: type) -> bool:
     """Whether each row of ``rows`` holds at ``position`` exactly a ``kind`` (no subclass) or None."""
+    if countOf(map(type, map(itemgetter(position), rows)), kind) == len(rows):  # no None: no set to fill
+        return True
     return set(map(type, map(itemgetter(position), rows))) <= {kind, type(None)}
 
 
