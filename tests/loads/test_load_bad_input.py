@@ -109,6 +109,12 @@ async def test_bad_rows_in_the_first_chunk_write_nothing(bkit: BatchKit, tables:
             ValueError,
             "row 3 has the key 'nope', which Item does not have: its keys are ['id', 'key', 'unit']",
         ),
+        (  # as many keys in all as the first row's times three: one row's extra key and another's missing
+            [{"key": "k0", "unit": 0}, {"key": "k1", "unit": 1, "nope": 2}, {"key": "k2"}],
+            {},
+            ValueError,
+            "row 1 has the key 'nope', which Item does not have: its keys are ['id', 'key', 'unit']",
+        ),
         (
             [{"key": "k0", "unit": 0}, 42],
             {},

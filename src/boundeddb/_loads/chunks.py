@@ -135,9 +135,8 @@ class ChunkMaker:
             keys = tuple(first)
             shape = self._shapes.get(keys) or self._shape(keys, indexes[0])
             try:
-                values: list[Any] | None = list(map(self._getter(shape), rows))  # each has every key
-                if sum(map(len, rows)) != len(keys) * len(rows):  # and so none has more
-                    values = None
+                same = sum(map(len, rows)) == len(keys) * len(rows)  # and each has every key: the getter says
+                values = list(map(self._getter(shape), rows)) if same else None
             except (KeyError, TypeError):  # a row of other keys, or not a mapping
                 values = None
             if values is not None:
