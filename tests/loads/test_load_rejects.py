@@ -244,17 +244,24 @@ async def test_a_later_row_named_first_by_copy_loses_no_row(bkit: BatchKit, tabl
 SQLITE_CASES = [("semaphore-aiosqlite", "asyncio"), ("threads-pysqlite", "asyncio")]
 
 
-def inserts_sent(bkit: BatchKit, table: str) -> list[tuple[int, int]]:
-    """The rows and parameters of each ``INSERT INTO table`` the runner's engine sends from now on."""
-    sizes: list[tuple[int, int]] = []
+def statements_sent(bkit: BatchKit) -> list[str]:
+    """Each statement the runner's engine sends from now on, as sent."""
+    sent: list[str] = []
 
-    def sent(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, many: bool) -> None:
-        if statement.startswith(f"INSERT INTO {table} "):
-            rows = len(parameters) if many else statement.count("), (") + 1
-            sizes.append((rows, statement.count("?")))
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
 
-    event.listen(getattr(bkit.engine, "sync_engine", bkit.engine), "before_cursor_execute", sent)
-    return sizes
+    event.listen(getattr(bkit.engine, "sync_engine", bkit.engine), "before_cursor_execute", record)
+    return sent
+
+
+def inserts(sent: list[str]) -> list[tuple[int, int]]:
+    """The rows and parameters of each multi-row ``INSERT INTO load_people`` among ``sent``."""
+    return [
+        (statement.count("), (") + 1, statement.count("?"))
+        for statement in sent
+        if statement.startswith("INSERT INTO load_people ")
+    ]
 
 
 @pytest.mark.anyio
@@ -274,9 +281,9 @@ async def test_sqlite_rows_refused_in_any_statement_of_a_chunk_are_rejected_alon
     }
     rows = [person(i, **bad.get(i, {})) for i in range(2500)]
     runner = bkit.runner(limit=1)
-    sizes = inserts_sent(bkit, "load_people")
+    sent = statements_sent(bkit)
     report = await runner.load(tables.people, rows, batch=2500)
-    assert max(sizes) == (1000, 6000), "multi-row statements of 1,000 rows, 6 parameters a row"
+    assert max(inserts(sent)) == (1000, 6000), "multi-row statements of 1,000 rows, 6 parameters a row"
     assert [rejected.index for rejected in report.rejected] == sorted(bad)
     assert all(isinstance(rejected.error, sa_exc.IntegrityError) for rejected in report.rejected)
     assert (report.loaded, report.transactions) == (2494, 1)
@@ -298,9 +305,10 @@ async def test_sqlite_built_for_fewer_parameters_gets_smaller_statements(
         "checkout",
         lambda dbapi_connection, *_: dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 100),
     )
-    sizes = inserts_sent(bkit, "load_people")
+    sent = statements_sent(bkit)
     report = await runner.load(tables.people, rows, batch=500)
-    passed = sizes.index((15, 90))  # refused at 500, 250, 125, 62 and 31 rows: 16 parameters and more
+    sizes = inserts(sent)
+    passed = sizes.index((15, 90))  # refused at 500, 250, 125, 62 and 31 rows: 186 parameters and more
     assert sizes[:passed] == [(n, 6 * n) for n in (500, 250, 125, 62, 31)]
     assert max(parameters for _, parameters in sizes[passed:]) <= 100, (
         "never more than the build allows again"
@@ -324,18 +332,6 @@ async def test_sqlite_built_for_fewer_parameters_gets_smaller_statements(
     assert len(tables.column(tables.people, "n")) == 500
 
 
-def statements_sent(bkit: BatchKit) -> list[str]:
-    """The first word (two for BEGIN IMMEDIATE) of each statement the runner's engine sends from now on."""
-    sent: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        words = statement.split()
-        sent.append(" ".join(words[:2]) if words[:2] == ["BEGIN", "IMMEDIATE"] else words[0])
-
-    event.listen(getattr(bkit.engine, "sync_engine", bkit.engine), "before_cursor_execute", record)
-    return sent
-
-
 @pytest.mark.anyio
 @every(SQLITE_CASES)
 async def test_sqlite_sets_the_savepoint_only_once_a_chunk_needs_it(bkit: BatchKit, tables: Tables) -> None:
@@ -348,7 +344,8 @@ async def test_sqlite_sets_the_savepoint_only_once_a_chunk_needs_it(bkit: BatchK
     assert [rejected.index for rejected in report.rejected] == [7]
     assert (report.loaded, report.transactions) == (19, 4)
     chunks: list[list[str]] = []
-    for word in sent:
+    for statement in sent:  # each by its first word, two for BEGIN IMMEDIATE
+        word = "BEGIN IMMEDIATE" if statement.startswith("BEGIN IMMEDIATE") else statement.split()[0]
         if word == "BEGIN":
             chunks.append([])
         chunks[-1].append(word)

@@ -110,13 +110,19 @@ class ExecutemanyWriter(BulkWriter):
         self._placeholder = "?" if dialect.paramstyle == "qmark" else "%s"
         self._statements: dict[tuple[str, ...], str] = {}
 
+    def _head(self, table: Table, names: Sequence[str]) -> str:
+        """``INSERT INTO table (names)``: the statement before its ``VALUES``."""
+        preparer = self._dialect.identifier_preparer
+        return f"INSERT INTO {preparer.format_table(table)} ({', '.join(map(preparer.quote, names))})"
+
+    def _marks(self, names: Sequence[str]) -> str:
+        """One row's placeholders, in parentheses."""
+        return f"({', '.join(self._placeholder for _ in names)})"
+
     def _statement(self, table: Table, names: Sequence[str]) -> str:
         statement = self._statements.get(tuple(names))
         if statement is None:
-            preparer = self._dialect.identifier_preparer
-            columns = ", ".join(preparer.quote(name) for name in names)
-            values = ", ".join(self._placeholder for _ in names)
-            statement = f"INSERT INTO {preparer.format_table(table)} ({columns}) VALUES ({values})"
+            statement = f"{self._head(table, names)} VALUES {self._marks(names)}"
             self._statements[tuple(names)] = statement
         return statement
 

@@ -37,10 +37,10 @@ class SqliteValuesWriter(ExecutemanyWriter):
     its statement once per row. A statement is all or nothing, as ``executemany()`` is not; the
     savepoint undoes an attempt's earlier statements either way.
 
-    A chunk's first attempt goes without the savepoint: while one is open, SQLite copies each page
-    the statements change into a statement journal, which made clean loads slower. If
-    that attempt is refused, its transaction is rolled back and begun again, and the savepoint set.
-    Only the chunk's reads (the key check) came before it.
+    A chunk's first attempt goes without the savepoint: while one is open, SQLite keeps the original
+    of each page the statements change in a sub-journal, which made clean loads slower. If that
+    attempt is refused, its transaction is rolled back and begun again, and the savepoint set. Only
+    the chunk's reads (the key check) came before it.
     """
 
     def __init__(self, dialect: SADialect) -> None:
@@ -85,8 +85,7 @@ class SqliteValuesWriter(ExecutemanyWriter):
         key = (tuple(names), count)
         statement = self._kept.get(key)
         if statement is None:
-            head, _, one = self._statement(table, names).partition(") VALUES ")
-            statement = f"{head}) VALUES {', '.join([one] * count)}"
+            statement = f"{self._head(table, names)} VALUES {', '.join([self._marks(names)] * count)}"
             if keep:
                 self._kept[key] = statement
         return statement
@@ -103,47 +102,47 @@ class SqliteValuesWriter(ExecutemanyWriter):
 
     def _next(
         self, table: Table, names: Sequence[str], rows: list[Any], start: int
-    ) -> tuple[str, tuple[Any, ...]]:
-        """The statement and parameters of the rows of ``rows`` from ``start``."""
+    ) -> tuple[str, tuple[Any, ...], int]:
+        """The statement, parameters and number of the rows of ``rows`` it sends from ``start``."""
         per = max(1, min(SQLITE_ROWS, self._parameters // len(names)))
         part = rows[start : start + per]
-        return self._values(table, names, len(part), keep=len(part) == per), _flat(part)
+        return self._values(table, names, len(part), keep=len(part) == per), _flat(part), len(part)
 
     async def write_async(
         self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: list[Any]
     ) -> None:
-        start, width = 0, len(names)
-        if not width:  # no column named: as ``executemany()`` would fail
+        start = 0
+        if not names:  # no column named: as ``executemany()`` would fail
             return await super().write_async(connection, table, names, rows)
         while start < len(rows):
-            statement, parameters = self._next(table, names, rows, start)
+            statement, parameters, count = self._next(table, names, rows, start)
             try:
                 await connection.exec_driver_sql(statement, parameters)
             except sa_exc.DBAPIError as error:
-                if self._fewer(error, len(parameters), len(parameters) // width):
+                if self._fewer(error, len(parameters), count):
                     continue
                 raise self._refused_or_raise(error) from None
-            start += len(parameters) // width
+            start += count
 
     def write_sync(self, connection: Connection, table: Table, names: Sequence[str], rows: list[Any]) -> None:
-        start, width = 0, len(names)
-        if not width:  # no column named: as ``executemany()`` would fail
+        start = 0
+        if not names:  # no column named: as ``executemany()`` would fail
             return super().write_sync(connection, table, names, rows)
         while start < len(rows):
-            statement, parameters = self._next(table, names, rows, start)
+            statement, parameters, count = self._next(table, names, rows, start)
             try:
                 connection.exec_driver_sql(statement, parameters)
             except sa_exc.DBAPIError as error:
-                if self._fewer(error, len(parameters), len(parameters) // width):
+                if self._fewer(error, len(parameters), count):
                     continue
                 raise self._refused_or_raise(error) from None
-            start += len(parameters) // width
+            start += count
 
 
 def _flat(records: list[Any]) -> tuple[Any, ...]:
     """The values of ``records``, one after another: a statement's parameters."""
     values: list[Any] = []
     extend = values.extend
-    for record in records:  # a list grown at C speed: tuple(chain(...)) grows a tuple, 1.7x slower
+    for record in records:  # a list grown at C speed: tuple(chain(...)) grows a tuple, slower
         extend(record)
     return tuple(values)

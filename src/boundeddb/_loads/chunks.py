@@ -174,7 +174,8 @@ class ChunkMaker:
         iterator, batch, index = iter(rows), self._batch, 0
         if not self._done.count and isinstance(rows, (list, tuple)):  # nothing to skip: slices, at C speed
             for start in range(0, len(rows), batch):
-                taken = list(rows[start : start + batch])
+                taken = rows[start : start + batch]  # a list's slice is a new list already
+                taken = taken if taken.__class__ is list else list(taken)
                 yield self._make_unit(self._chunk(taken, range(start, start + len(taken))))
             return
         while True:
