@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from itertools import chain
+
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, create_engine
 
+from boundeddb._dialects.bulk import FlatRows
 from boundeddb._loads.target import Shape, load_target
 
 TABLE = Table(
@@ -63,3 +66,30 @@ def test_a_column_not_all_floats_goes_through_float() -> None:
         records = made.convert_all(rows)
         assert records == [made.record(row) for row in rows]
         assert type(records[1][1]) is float, odd
+
+
+def test_a_chunk_made_flat_holds_the_values_of_the_records_column_by_column_makes() -> None:
+    """What SQLite's multi-row INSERT binds: the records of convert_all, one after another, no tuple a row."""
+    made = shape(("a", "f", "c"))
+    assert made.by_column
+    for floats in ([2.5, 4.5, None], [2, Fraction(3.5), True], [0.5, 1.5, 2.5]):
+        rows = [(a, f, f"given {a}") for a, f in zip((1, 3, 5), floats, strict=True)]
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        values = made.flat_values(columns, len(rows))
+        assert values == list(chain.from_iterable(made.convert_all(rows)))
+        assert [type(value) for value in values[1::4]] == [
+            type(record[1]) for record in made.convert_all(rows)
+        ]
+    assert not shape(("a",)).by_column, "a default that reads its row: the chunk is made row by row"
+
+
+def test_flat_rows_are_a_sequence_of_their_records() -> None:
+    """FlatRows: len, indexes and slices as the list of records, and the rows of spans."""
+    records = [(1, "a"), (2, "b"), (3, "c"), (4, "d")]
+    flat = FlatRows(list(chain.from_iterable(records)), 2)
+    assert len(flat) == 4
+    assert flat.records() == records
+    assert [flat[0], flat[-1], flat[1:3], list(flat)] == [records[0], records[-1], records[1:3], records]
+    assert flat.spans(((0, 4),)) is flat
+    assert flat.spans(((0, 1), (2, 4))).records() == [records[0], *records[2:]]
+    assert flat.spans(((1, 2),)).values == [2, "b"]

@@ -8,7 +8,7 @@ writers are in ``bulk_copy``, SQLite's in ``bulk_sqlite``; ``writers`` chooses o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, overload
 
 from sqlalchemy import Table, insert
 from sqlalchemy import exc as sa_exc
@@ -24,6 +24,7 @@ __all__ = [
     "SET_SAVEPOINT",
     "BulkWriter",
     "ExecutemanyWriter",
+    "FlatRows",
     "pooled",
 ]
 
@@ -33,6 +34,49 @@ SET_SAVEPOINT: Final = f"SAVEPOINT {SAVEPOINT}"
 ROLLBACK_TO_SAVEPOINT: Final = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}"
 #: On PostgreSQL, in one round trip: the savepoint set again without nesting one more level.
 RESET_SAVEPOINT: Final = f"RELEASE SAVEPOINT {SAVEPOINT}; {SET_SAVEPOINT}"
+
+
+class FlatRows(Sequence[tuple[Any, ...]]):
+    """
+    Records as one list of their values, row after row, ``width`` values a row: what a multi-row
+    ``INSERT`` binds, made for a writer that :attr:`~BulkWriter.takes_flat` without a tuple for each
+    row (no allocation a row, so no garbage collection either). A sequence of the records otherwise.
+    """
+
+    __slots__ = ("values", "width")
+
+    def __init__(self, values: list[Any], width: int) -> None:
+        self.values = values
+        self.width = width
+
+    def __len__(self) -> int:
+        return len(self.values) // self.width
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[Any, ...]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[Any, ...]]: ...
+    def __getitem__(self, index: int | slice) -> tuple[Any, ...] | list[tuple[Any, ...]]:
+        if isinstance(index, slice):
+            return self.records()[index]
+        row, width = range(len(self))[index], self.width
+        return tuple(self.values[row * width : (row + 1) * width])
+
+    def records(self) -> list[tuple[Any, ...]]:
+        """The records, a tuple each."""
+        return list(zip(*[iter(self.values)] * self.width, strict=True))
+
+    def spans(self, spans: tuple[tuple[int, int], ...]) -> FlatRows:
+        """The rows of ``spans`` (``(start, stop)`` row offsets), in order: itself if they are all of it."""
+        width = self.width
+        if len(spans) == 1:
+            start, stop = spans[0]
+            if start == 0 and stop == len(self):
+                return self
+        values: list[Any] = []
+        for start, stop in spans:
+            values += self.values[start * width : stop * width]
+        return FlatRows(values, width)
 
 
 def pooled(connection: AsyncConnection) -> Any:
@@ -54,6 +98,8 @@ class BulkWriter:
 
     #: Whether the writer takes records (values in column order, processed), not ``insert()``'s parameters.
     takes_records = False
+    #: Whether the writer takes records as :class:`FlatRows` where a chunk can make them so.
+    takes_flat = False
 
     def __init__(self, dialect: SADialect) -> None:
         self._dialect = dialect
@@ -80,7 +126,7 @@ class BulkWriter:
         raise error
 
     async def write_async(
-        self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: list[Any]
+        self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: Sequence[Any]
     ) -> None:
         """Write ``rows`` on ``connection``; :class:`Refused` if the database refuses one for its data."""
         try:
@@ -88,7 +134,9 @@ class BulkWriter:
         except sa_exc.DBAPIError as error:
             raise self._refused_or_raise(error) from None
 
-    def write_sync(self, connection: Connection, table: Table, names: Sequence[str], rows: list[Any]) -> None:
+    def write_sync(
+        self, connection: Connection, table: Table, names: Sequence[str], rows: Sequence[Any]
+    ) -> None:
         """As :meth:`write_async`, on a sync connection."""
         try:
             connection.execute(insert(table), rows)
@@ -127,14 +175,16 @@ class ExecutemanyWriter(BulkWriter):
         return statement
 
     async def write_async(
-        self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: list[Any]
+        self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: Sequence[Any]
     ) -> None:
         try:
             await connection.exec_driver_sql(self._statement(table, names), rows)
         except sa_exc.DBAPIError as error:
             raise self._refused_or_raise(error) from None
 
-    def write_sync(self, connection: Connection, table: Table, names: Sequence[str], rows: list[Any]) -> None:
+    def write_sync(
+        self, connection: Connection, table: Table, names: Sequence[str], rows: Sequence[Any]
+    ) -> None:
         try:
             connection.exec_driver_sql(self._statement(table, names), rows)
         except sa_exc.DBAPIError as error:

@@ -74,7 +74,7 @@ class AsyncpgCopy(_CopyWriter):
         await self._execute(connection, ROLLBACK_TO_SAVEPOINT)
 
     async def write_async(
-        self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: list[Any]
+        self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: Sequence[Any]
     ) -> None:
         raw = pooled(connection)
         try:
@@ -121,7 +121,7 @@ class PsycopgCopy(_CopyWriter):
         self._execute_sync(connection, ROLLBACK_TO_SAVEPOINT)
 
     async def write_async(
-        self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: list[Any]
+        self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: Sequence[Any]
     ) -> None:
         raw = pooled(connection)
         driver: Any = raw.driver_connection
@@ -135,7 +135,9 @@ class PsycopgCopy(_CopyWriter):
         except (TypeError, ValueError, OverflowError) as error:
             raise self._failed(statement, error, None) from None
 
-    def write_sync(self, connection: Connection, table: Table, names: Sequence[str], rows: list[Any]) -> None:
+    def write_sync(
+        self, connection: Connection, table: Table, names: Sequence[str], rows: Sequence[Any]
+    ) -> None:
         driver: Any = connection.connection.driver_connection
         statement = self._statement(table, names)
         try:
@@ -166,7 +168,9 @@ class Psycopg2Copy(_CopyWriter):
     def rollback_sync(self, connection: Connection) -> None:
         self._execute_sync(connection, ROLLBACK_TO_SAVEPOINT)
 
-    def write_sync(self, connection: Connection, table: Table, names: Sequence[str], rows: list[Any]) -> None:
+    def write_sync(
+        self, connection: Connection, table: Table, names: Sequence[str], rows: Sequence[Any]
+    ) -> None:
         driver: Any = connection.connection.driver_connection
         statement = self._statement(table, names)
         try:

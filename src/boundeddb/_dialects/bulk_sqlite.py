@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Dialect as SADialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .bulk import SET_SAVEPOINT, ExecutemanyWriter
+from .bulk import SET_SAVEPOINT, ExecutemanyWriter, FlatRows
 
 __all__ = ["SQLITE_ROWS", "SqliteValuesWriter"]
 
@@ -41,7 +41,12 @@ class SqliteValuesWriter(ExecutemanyWriter):
     of each page the statements change in a sub-journal, which made clean loads slower. If that
     attempt is refused, its transaction is rolled back and begun again, and the savepoint set. Only
     the chunk's reads (the key check) came before it.
+
+    It takes a chunk's records as :class:`~boundeddb._dialects.bulk.FlatRows` where the chunk can be
+    made so: a statement's parameters are then one slice of them.
     """
+
+    takes_flat = True
 
     def __init__(self, dialect: SADialect) -> None:
         super().__init__(dialect)
@@ -101,15 +106,20 @@ class SqliteValuesWriter(ExecutemanyWriter):
         return rows > 1
 
     def _next(
-        self, table: Table, names: Sequence[str], rows: list[Any], start: int
+        self, table: Table, names: Sequence[str], rows: Sequence[Any], start: int
     ) -> tuple[str, tuple[Any, ...], int]:
         """The statement, parameters and number of the rows of ``rows`` it sends from ``start``."""
         per = max(1, min(SQLITE_ROWS, self._parameters // len(names)))
+        if isinstance(rows, FlatRows):
+            width = rows.width
+            values = rows.values[start * width : (start + per) * width]
+            count = len(values) // width
+            return self._values(table, names, count, keep=count == per), tuple(values), count
         part = rows[start : start + per]
         return self._values(table, names, len(part), keep=len(part) == per), _flat(part), len(part)
 
     async def write_async(
-        self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: list[Any]
+        self, connection: AsyncConnection, table: Table, names: Sequence[str], rows: Sequence[Any]
     ) -> None:
         start = 0
         if not names:  # no column named: as ``executemany()`` would fail
@@ -124,7 +134,9 @@ class SqliteValuesWriter(ExecutemanyWriter):
                 raise self._refused_or_raise(error) from None
             start += count
 
-    def write_sync(self, connection: Connection, table: Table, names: Sequence[str], rows: list[Any]) -> None:
+    def write_sync(
+        self, connection: Connection, table: Table, names: Sequence[str], rows: Sequence[Any]
+    ) -> None:
         start = 0
         if not names:  # no column named: as ``executemany()`` would fail
             return super().write_sync(connection, table, names, rows)
@@ -139,7 +151,7 @@ class SqliteValuesWriter(ExecutemanyWriter):
             start += count
 
 
-def _flat(records: list[Any]) -> tuple[Any, ...]:
+def _flat(records: Sequence[Any]) -> tuple[Any, ...]:
     """The values of ``records``, one after another: a statement's parameters."""
     values: list[Any] = []
     extend = values.extend

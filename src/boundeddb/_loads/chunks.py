@@ -11,7 +11,7 @@ from operator import itemgetter
 from typing import Any
 
 from .._core.rejects import Attempt, RowSearch
-from .._dialects.bulk import BulkWriter
+from .._dialects.bulk import BulkWriter, FlatRows
 from .._outcome import ChunkResult, RejectedRow
 from .ranges import IndexRanges
 from .target import LoadTarget, Shape
@@ -22,18 +22,35 @@ __all__ = ["Chunk", "ChunkMaker"]
 class Chunk:
     """Up to ``batch`` rows: their input indexes, the rows as given, and what the bulk statement sends."""
 
-    __slots__ = ("data", "indexes", "rows", "runs")
+    __slots__ = ("_data", "flat", "indexes", "rows", "runs")
 
     def __init__(self, rows: list[Any], indexes: Sequence[int]) -> None:
         self.rows = rows
         #: Each row's input index.
         self.indexes = indexes
-        #: Each row's record (or ``insert()`` parameters), in the order of the chunk.
-        self.data: list[Any] = []
+        self._data: list[Any] | None = []
+        #: The records as one list of values, if the chunk was made so for its writer; else None.
+        self.flat: FlatRows | None = None
         #: Where each run of rows of one shape starts: ``(shape, offset)``, in order.
         self.runs: list[tuple[Shape, int]] = []
 
-    def statements(self, attempt: Attempt) -> Iterator[tuple[Shape, Attempt, list[Any]]]:
+    @property
+    def data(self) -> list[Any]:
+        """Each row's record (or ``insert()`` parameters), in the order of the chunk."""
+        if self._data is None:  # made flat: its records, a tuple each, once something asks for them
+            assert self.flat is not None
+            self._data = self.flat.records()
+        return self._data
+
+    @data.setter
+    def data(self, data: list[Any]) -> None:
+        self._data = data
+
+    def hold_flat(self, flat: FlatRows) -> None:
+        """Hold the records as ``flat``: :attr:`data` makes a tuple of each only if asked for them."""
+        self.flat, self._data = flat, None
+
+    def statements(self, attempt: Attempt) -> Iterator[tuple[Shape, Attempt, Sequence[Any]]]:
         """
         One statement's shape, rows and records for each run of one shape among ``attempt``'s rows:
         one statement for the attempt, unless its rows change shape.
@@ -56,7 +73,9 @@ class Chunk:
             statement = Attempt(tuple(spans), exact=attempt.exact)
             yield shape, statement, self._records(statement.spans)
 
-    def _records(self, spans: tuple[tuple[int, int], ...]) -> list[Any]:
+    def _records(self, spans: tuple[tuple[int, int], ...]) -> Sequence[Any]:
+        if self.flat is not None:
+            return self.flat.spans(spans)
         data = self.data
         if len(spans) == 1:
             start, stop = spans[0]
@@ -69,6 +88,7 @@ class Chunk:
         self.rows = list(map(self.rows.__getitem__, order))
         self.indexes = list(map(self.indexes.__getitem__, order))
         self.data = list(map(self.data.__getitem__, order))
+        self.flat = None  # its records were reordered: the writer takes them
 
     def result(self, search: RowSearch, journal: Any) -> tuple[ChunkResult, list[str]]:
         """The chunk's result once ``search`` ended, and the journal keys of the index runs it committed."""
@@ -112,6 +132,9 @@ class ChunkMaker:
         self._make_unit = make_unit
         self._shapes: dict[tuple[str, ...], Shape] = {}
         self._getters: dict[Shape, Callable[[Any], tuple[Any, ...]]] = {}
+        self._by_key: dict[Shape, list[Callable[[Any], Any]]] = {}
+        #: Whether chunks of mappings are made as :class:`FlatRows`, for the writer.
+        self._flat = writer.takes_flat
         #: Rows skipped because the journal says they committed.
         self.skipped = 0
         #: Rows the journal says committed, whether or not the input still holds them.
@@ -134,14 +157,23 @@ class ChunkMaker:
         if first.__class__ is dict:  # the common chunk: mappings with the first one's keys, at C speed
             keys = tuple(first)
             shape = self._shapes.get(keys) or self._shape(keys, indexes[0])
+            flat = self._flat and shape.by_column and bool(shape.names)
+            values: list[Any] | None
             try:
-                same = sum(map(len, rows)) == len(keys) * len(rows)  # and each has every key: the getter says
-                values = list(map(self._getter(shape), rows)) if same else None
+                if sum(map(len, rows)) != len(keys) * len(rows):  # and each has every key: the getters say
+                    values = None
+                elif flat:  # a list of each key's values
+                    values = [list(map(get, rows)) for get in self._column_getters(shape)]
+                else:
+                    values = list(map(self._getter(shape), rows))
             except (KeyError, TypeError):  # a row of other keys, or not a mapping
                 values = None
             if values is not None:
                 chunk.runs.append((shape, 0))
-                chunk.data = values if shape.convert is tuple else shape.convert_all(values)
+                if flat:
+                    chunk.hold_flat(FlatRows(shape.flat_values(values, len(rows)), len(shape.names)))
+                else:
+                    chunk.data = values if shape.convert is tuple else shape.convert_all(values)
                 return chunk
         data, runs, last = chunk.data, chunk.runs, None
         for offset, row in enumerate(rows):
@@ -152,6 +184,13 @@ class ChunkMaker:
                 last = shape
             data.append(shape.convert(values_of_row))
         return chunk
+
+    def _column_getters(self, shape: Shape) -> list[Callable[[Any], Any]]:
+        """What takes each of ``shape``'s keys from a mapping, in key order."""
+        getters = self._by_key.get(shape)
+        if getters is None:
+            getters = self._by_key[shape] = [itemgetter(key) for key in shape.keys]
+        return getters
 
     def _getter(self, shape: Shape) -> Callable[[Any], tuple[Any, ...]]:
         """What takes a mapping's values in ``shape``'s key order, as a tuple."""

@@ -6,6 +6,7 @@ values the driver takes, as ``session.execute(insert(target), rows)`` would turn
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from itertools import repeat
 from operator import countOf, itemgetter
 from typing import Any, Final
@@ -78,10 +79,10 @@ class Shape:
                 if processor is not None:
                     processors.append((position, processor))
         self._processors = processors
-        #: The processors that leave a value of one type as it is: ``(position, type)``.
-        self._unchanged = [
-            (position, _UNCHANGED[processor]) for position, processor in processors if processor in _UNCHANGED
-        ]
+        #: The processors that leave a value of one type as it is: the type, by position.
+        self._unchanged = {
+            position: _UNCHANGED[processor] for position, processor in processors if processor in _UNCHANGED
+        }
         #: A row's values, in :attr:`keys` order, turned into what the writer takes.
         self.convert: Callable[[Sequence[Any]], Any]
         if not process:
@@ -121,7 +122,11 @@ class Shape:
             return list(map(self.convert, rows))
         processors = self._processors
         if self._unchanged:  # a column of floats need not go through float(): the rows may be records already
-            kept = {position for position, kind in self._unchanged if _holds_only(rows, position, kind)}
+            kept = {
+                position
+                for position, kind in self._unchanged.items()
+                if _holds_only(partial(map, itemgetter(position), rows), len(rows), kind)
+            }
             processors = [(position, processor) for position, processor in processors if position not in kept]
             if not processors and not self._fixed and not self._defaults:
                 return rows
@@ -133,17 +138,46 @@ class Shape:
             columns[position] = map(processor, columns[position])
         return list(zip(*columns, strict=False))
 
+    @property
+    def by_column(self) -> bool:
+        """Whether a chunk of this shape may be made column by column: no default needs its row."""
+        return self._by_column or self.convert is tuple
+
+    def flat_values(self, columns: list[list[Any]], count: int) -> list[Any]:
+        """
+        The records of ``count`` rows given as ``columns`` (each a list of one key's values, in
+        :attr:`keys` order), as :meth:`convert_all` makes them, in one list, row after row: what a
+        multi-row ``INSERT`` binds. No tuple is made for a row. Only if :attr:`by_column`.
+        """
+        filled: list[Iterable[Any]] = [*columns]
+        filled += [repeat(value, count) for value in self._fixed]
+        filled += [repeat(default.arg, count) for default in self._defaults]  # type: ignore[union-attr]
+        for position, processor in self._processors:
+            kind = self._unchanged.get(position)
+            if (
+                kind is not None
+                and position < len(columns)
+                and _holds_only(columns[position].__iter__, count, kind)
+            ):
+                continue  # a given column of floats need not go through float()
+            filled[position] = map(processor, filled[position])
+        width = len(filled)
+        values: list[Any] = [None] * (width * count)
+        for position, column in enumerate(filled):  # each column into every width-th place, at C speed
+            values[position::width] = column if column.__class__ is list else list(column)
+        return values
+
     def parameters(self, values: Sequence[Any]) -> dict[str, Any]:
         """The row's parameters for ``insert()``, by column key: SQLAlchemy adds defaults and processes."""
         values = (*values, *self._fixed) if self._fixed else values
         return {column.key: value for column, value in zip(self.columns, values, strict=True)}
 
 
-def _holds_only(rows: list[tuple[Any, ...]], position: int, kind: type) -> bool:
-    """Whether each row of ``rows`` holds at ``position`` exactly a ``kind`` (no subclass) or None."""
-    if countOf(map(type, map(itemgetter(position), rows)), kind) == len(rows):  # no None: no set to fill
+def _holds_only(values: Callable[[], Iterable[Any]], count: int, kind: type) -> bool:
+    """Whether each of the ``count`` values of ``values()`` is exactly a ``kind`` (no subclass) or None."""
+    if countOf(map(type, values()), kind) == count:  # no None: no set to fill
         return True
-    return set(map(type, map(itemgetter(position), rows))) <= {kind, type(None)}
+    return set(map(type, values())) <= {kind, type(None)}
 
 
 class LoadTarget:
