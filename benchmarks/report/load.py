@@ -92,6 +92,12 @@ def _per_row(m: Measurement, value: float | None) -> float | None:
     return value * 1e6 / done if value is not None and done else None
 
 
+def _gc_runs(m: Measurement) -> int | None:
+    """How many times the garbage collector ran while the side ran, if the run recorded it."""
+    runs = m.extra.get("gc_collections")
+    return None if runs is None else sum(runs)
+
+
 def _side_name(key: Key) -> str:
     _, _, kind, batch, journal, dups = key
     name = WHAT.get(kind, kind)
@@ -113,6 +119,7 @@ def _group_table(by: dict[Key, Rounds], driver: str, workload: str) -> tuple[lis
         "/ load()",
         "client CPU, µs/row",
         "server CPU, µs/row",
+        "GC runs",
         "transactions",
         "peak conns",
         "rows",
@@ -143,6 +150,7 @@ def _group_table(by: dict[Key, Rounds], driver: str, workload: str) -> tuple[lis
                 _shown(vs_load, 3) if vs_load else "-",
                 fmt(_med(ms, lambda m: _per_row(m, m.client_cpu_s)), digits=1),
                 fmt(_med(ms, lambda m: _per_row(m, m.server_cpu_s)), digits=1),
+                fmt(_med(ms, _gc_runs), digits=0),
                 fmt(_med(ms, lambda m: m.extra.get("transactions", m.extra.get("commits"))), digits=0),
                 str(max((m.peak_connections or 0 for m in ms.values()), default=0) or "-"),
                 rows_shown(ms),
@@ -320,7 +328,8 @@ NOTES = (
     "round, "
     "this side's rows/s over the hand-written loop's (on the same driver and connections, {batch:,} rows a "
     "transaction) or over the clean `load()`'s.  Client CPU: this process's; server CPU: the side's backends "
-    "(/proc; SQLite has none).  transactions: `load()`'s report, else SQLAlchemy's commit events (the "
+    "(/proc; SQLite has none).  GC runs: the garbage collector's runs in this process while the side ran, "
+    "all generations.  transactions: `load()`'s report, else SQLAlchemy's commit events (the "
     "hand-written loops commit on the driver: 0).  The ORM sides run the first {orm:,} rows (batch=500) and "
     "{single:,} rows (one transaction per row).  The staging side drops the duplicates without reporting "
     "them."

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import itertools
 import operator
 import random
@@ -513,6 +514,7 @@ async def measure(place: Place, side: Side, round_no: int, rounds: int) -> None:
             await _in_schema(engine, Journal.create)
             await _in_schema(engine, journal.forget)
         counts = count_transactions(sync_engine)
+        collections = _collections()
         if side.kind in ("hand", "hand-values", "staging"):
             async with probe as p:
                 if side.driver == "asyncpg":
@@ -544,6 +546,7 @@ async def measure(place: Place, side: Side, round_no: int, rounds: int) -> None:
                 p.succeeded = report.loaded + len(report.rejected)
         else:
             await _orm(engine, side, limit, probe)
+        probe.m.extra["gc_collections"] = [b - a for a, b in zip(collections, _collections(), strict=True)]
     finally:
         if side.is_async:
             await engine.dispose()
@@ -563,6 +566,11 @@ async def measure(place: Place, side: Side, round_no: int, rounds: int) -> None:
     if journal is not None and not m.error:
         m.extra["journal_rows"] = _journal_rows(place)
     m.extra["rows"] = _check(place, side, report, inserted)
+
+
+def _collections() -> list[int]:
+    """How many times the garbage collector has run, by generation, in this process."""
+    return [generation["collections"] for generation in gc.get_stats()]
 
 
 async def _orm(engine: Any, side: Side, limit: int, probe: Probe) -> None:
