@@ -93,3 +93,15 @@ def test_flat_rows_are_a_sequence_of_their_records() -> None:
     assert flat.spans(((0, 4),)) is flat
     assert flat.spans(((0, 1), (2, 4))).records() == [records[0], *records[2:]]
     assert flat.spans(((1, 2),)).values == [2, "b"]
+
+
+def test_a_float_column_filled_by_its_default_is_processed_not_looked_for_in_the_rows() -> None:
+    """A Float column the rows leave to its scalar default: none holds it, none is checked (an IndexError)."""
+    table = Table("defaulted", MetaData(), Column("a", Integer), Column("f", Float, default=1))
+    target, _ = load_target(table, None)
+    made = Shape(("a",), target, DIALECT, process=True)
+    rows = [(1,), (2,)]
+    assert made.convert_all(rows) == [made.record(row) for row in rows] == [(1, 1.0), (2, 1.0)]
+    values = made.flat_values([[1, 2]], 2)
+    assert values == [1, 1.0, 2, 1.0]
+    assert [type(value) for value in values] == [int, float, int, float]

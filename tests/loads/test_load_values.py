@@ -11,13 +11,16 @@ import itertools
 import uuid
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, ClassVar
 
+import anyio
 import pytest
-from sqlalchemy import Column, Integer, String, Table, insert
-from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import DeclarativeBase, Session
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, create_engine, func, insert, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
+from boundeddb import LoadReport, SemaphoreRunner, ThreadOffloadRunner
 from tests.loads.conftest import Color, Level, Tables, Tag
 from tests.support.batches import BatchKit, every, server_of
 
@@ -277,3 +280,37 @@ async def test_a_mapped_subclass_gets_its_polymorphic_identity_as_insert_gives_i
     finally:
         bkit.db.terminate()
         Mapped.metadata.drop_all(admin)
+
+
+@pytest.mark.parametrize("driver", ["pysqlite", "aiosqlite"])
+def test_a_float_default_fills_rows_that_lack_it_on_sqlite(driver: str, tmp_path: Path) -> None:
+    """SQLite's Float processor on a column no row gives, filled by its default, as insert() fills it."""
+    metadata = MetaData()
+    loaded = Table("loaded", metadata, Column("a", Integer), Column("f", Float, default=1))
+    twin = Table("twin", metadata, Column("a", Integer), Column("f", Float, default=1))
+    rows = [{"a": i} for i in range(10)]
+    url = f"sqlite:///{tmp_path / 'defaults.db'}"
+    engine = create_engine(url)
+    metadata.create_all(engine)
+    with engine.begin() as connection:
+        connection.execute(insert(twin), rows)
+    if driver == "pysqlite":
+        with ThreadOffloadRunner(sessionmaker(engine), limit=1) as threads:
+            report = threads.load_sync(loaded, rows, batch=4)
+    else:
+
+        async def load() -> LoadReport:
+            async_engine = create_async_engine(url.replace("sqlite:", "sqlite+aiosqlite:"))
+            try:
+                async with SemaphoreRunner(async_sessionmaker(async_engine), limit=1) as runner:
+                    return await runner.load(loaded, rows, batch=4)
+            finally:
+                await async_engine.dispose()
+
+        report = anyio.run(load)
+    assert (report.loaded, report.rejected) == (10, [])
+    with engine.connect() as connection:  # typeof(): how each value is stored, not only what it equals
+        got = connection.execute(select(loaded.c.a, loaded.c.f, func.typeof(loaded.c.f)).order_by("a")).all()
+        want = connection.execute(select(twin.c.a, twin.c.f, func.typeof(twin.c.f)).order_by("a")).all()
+    engine.dispose()
+    assert got == want == [(i, 1.0, "real") for i in range(10)]

@@ -125,7 +125,8 @@ class Shape:
             kept = {
                 position
                 for position, kind in self._unchanged.items()
-                if _holds_only(partial(map, itemgetter(position), rows), len(rows), kind)
+                if position < len(self.keys)  # a given column, not a default's
+                and _holds_only(partial(map, itemgetter(position), rows), len(rows), kind)
             }
             processors = [(position, processor) for position, processor in processors if position not in kept]
             if not processors and not self._fixed and not self._defaults:
