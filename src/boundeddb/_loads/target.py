@@ -165,7 +165,7 @@ class Shape:
         width = len(filled)
         values: list[Any] = [None] * (width * count)
         for position, column in enumerate(filled):  # each column into every width-th place, at C speed
-            values[position::width] = column if column.__class__ is list else list(column)
+            values[position::width] = column
         return values
 
     def parameters(self, values: Sequence[Any]) -> dict[str, Any]:
