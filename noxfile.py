@@ -1,5 +1,6 @@
 """
-Sessions: tests, package, lint, mypy, docs, bench. `python3 -m nox -s tests` is the README's test command.
+Sessions: tests, package, lint, mypy, docs, bench, soak, chaos. `python3 -m nox -s tests` is the README's test
+command.
 
 `tests` runs on every Python the classifiers claim whose interpreter nox finds (`python3.X` on
 PATH; with pyenv, name them all: `PYENV_VERSION=3.11.7:3.10.13:3.12.1:3.13.0`, as .ci/run does),
@@ -247,6 +248,23 @@ def soak(session: nox.Session) -> None:
     _install_mysqlclient(session)
     tests = session.posargs or [*SOAK_TESTS, "-m", "not slow"]
     session.run("pytest", *tests, env={"BOUNDEDDB_SOAK": os.environ.get("BOUNDEDDB_SOAK", "30")})
+
+
+#: The chaos soak's slice in .ci/run: seeded, short jobs, about 90 s of faults (about 3 minutes in all).
+CHAOS_CI = ["--duration", "90", "--seed", "54", "--scale", "0.05"]
+
+
+@nox.session
+def chaos(session: nox.Session) -> None:
+    """
+    Run the chaos soak (tests/chaos): every runner and driver through a fault proxy to a PostgreSQL of
+    its own (and the local MariaDB, if it answers), with a fault every 1-2 s and a crash every 90 s,
+    then check every operation's outcome against the database. `-- --duration 3600 --seed N` (see
+    `-- --help`); the default is 600 s from a new seed. It exits 1 if it found an anomaly. Not among
+    the default sessions: .ci/run runs its seeded slice, CHAOS_CI.
+    """
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "tests.chaos", *session.posargs)
 
 
 @nox.session
