@@ -55,7 +55,9 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workloads", help="comma-separated workload names (default: all; 'none' for none)")
     parser.add_argument("--jobs", help="comma-separated job names: load, map, processes (default: all)")
     parser.add_argument("--faults", help=f"comma-separated faults (default: all of {', '.join(FAULTS)})")
-    parser.add_argument("--no-crashes", action="store_true", help="no server crashes")
+    parser.add_argument(
+        "--crash-every", type=float, default=90.0, help="seconds between crashes, about (default 90; 0: none)"
+    )
     parser.add_argument("--no-mysql", action="store_true", help="leave MariaDB out even if it answers")
     parser.add_argument("--scale", type=float, default=1.0, help="the jobs' sizes, as a fraction (default 1)")
     parser.add_argument(
@@ -168,8 +170,8 @@ class Soak:
             supervisor.start()
         faults = [f.strip() for f in args.faults.split(",")] if args.faults else list(FAULTS)
         nemesis = Nemesis(
-            random.Random(self.rng.random()), server, pg_proxy, supervisors, faults_log, faults=faults,
-            crashes=not args.no_crashes,
+            random.Random(self.rng.random()), server, admin, pg_proxy, supervisors, faults_log, faults=faults,
+            crash_every=args.crash_every,
             mysql=(mysql_proxy, mysql_admin, mysql_database) if mysql_proxy and mysql_admin else None,
         )  # fmt: skip
         nemesis.start()

@@ -68,21 +68,24 @@ class Nemesis:
         self,
         rng: random.Random,
         server: ChaosServer,
+        admin: Engine,
         pg: FaultProxy,
         jobs: dict[str, JobSupervisor],
         log: Lines,
         *,
         faults: list[str],
-        crashes: bool,
+        crash_every: float | None = CRASH_EVERY_S,
         mysql: tuple[FaultProxy, Engine, str] | None = None,
     ) -> None:
         self._rng = rng
         self._server = server
+        #: Straight to the soak's database, not through the proxy.
+        self._admin = admin
         self._pg = pg
         self._jobs = jobs
         self._log = log
         self._mysql = mysql
-        self._crashes = crashes
+        self._crash_every = crash_every
         self._faults = [f for f in faults if not f.startswith("mysql-") or mysql is not None]
         self._weights = [FAULTS[f] for f in self._faults]
         self.counts: collections.Counter[str] = collections.Counter()
@@ -112,14 +115,15 @@ class Nemesis:
 
     def _run(self) -> None:
         rng = self._rng
-        next_crash = time.monotonic() + rng.uniform(0.8, 1.2) * CRASH_EVERY_S
+        every = self._crash_every
+        next_crash = time.monotonic() + rng.uniform(0.8, 1.2) * every if every else float("inf")
         crashes = 0
         try:
             while not self._stop.wait(rng.uniform(1.0, 2.0)):
-                if self._crashes and time.monotonic() >= next_crash:
+                if every and time.monotonic() >= next_crash:
                     self._crash(CRASHES[crashes % len(CRASHES)])
                     crashes += 1
-                    next_crash = time.monotonic() + rng.uniform(0.8, 1.2) * CRASH_EVERY_S
+                    next_crash = time.monotonic() + rng.uniform(0.8, 1.2) * every
                 elif self._faults:
                     self._fault(rng.choices(self._faults, self._weights)[0])
         except BaseException as error:  # the soak's own failure: reported, never hidden
@@ -175,7 +179,7 @@ class Nemesis:
 
     def _terminate(self, count: int) -> None:
         try:
-            with self._server.admin.connect() as connection:
+            with self._admin.connect() as connection:
                 killed = connection.execute(
                     text(
                         f"SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM ({_CHAOS_BACKENDS} "
@@ -228,16 +232,24 @@ class Nemesis:
             self._backend_crash()
 
     def _lost_commit_crash(self) -> None:
-        """A COMMIT never arrives; the server crashes while new connections wait; its ids are reused."""
-        pg = self._pg
-        trap = pg.arm_commit("drop", 1)
+        """
+        A COMMIT never arrives, and the server crashes at that moment (the proxy's loop sends the
+        SIGQUIT), before other transactions' commits flush the lost one's WAL; while new connections
+        wait, other clients' transactions straight to the server hand its id out again.
+        """
+        pg, server = self._pg, self._server
+        postmaster = server.postmaster()
+        pg.hold_new()
+        trap = pg.arm_commit("drop", 1, then=lambda: server.quit_now(postmaster))
         fired = trap.fired.wait(10)
         pg.disarm()
-        pg.hold_new()
         try:
-            self._server.crash()
+            if fired:
+                server.start_after_quit(postmaster)
+            else:
+                server.crash()
             reused = 0
-            with self._server.admin.connect() as connection:
+            with self._admin.connect() as connection:
                 for _ in range(REUSING_TRANSACTIONS):
                     connection.execute(text("INSERT INTO chaos_noise DEFAULT VALUES"))
                     reused += 1
@@ -246,7 +258,7 @@ class Nemesis:
         self._note("lost-commit-crash", commit_dropped=fired, transactions=reused)
 
     def _backend_crash(self) -> None:
-        with self._server.admin.connect() as connection:
+        with self._admin.connect() as connection:
             pids = [row[0] for row in connection.execute(text(_CHAOS_BACKENDS))]
         if not pids:
             return

@@ -99,6 +99,23 @@ class ChaosServer:
         self._stop("immediate")
         self.start()
 
+    def postmaster(self) -> int:
+        """The running postmaster's pid."""
+        return int((self._server.pgdata / "postmaster.pid").read_text().split()[0])
+
+    def quit_now(self, postmaster: int) -> None:
+        """What ``pg_ctl stop -m immediate`` does, at once and from any thread: SIGQUIT to the postmaster."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(postmaster, signal.SIGQUIT)
+
+    def start_after_quit(self, postmaster: int, timeout: float = 30) -> None:
+        """Wait for the postmaster :meth:`quit_now` stopped to end, then start the server: crash recovery."""
+        import psutil  # pgserver's dependency
+
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(postmaster).wait(timeout)
+        self.start()
+
     def crash_backend(self, pid: int) -> None:
         """SIGKILL one backend: the postmaster ends every other one and recovers, without restarting."""
         with contextlib.suppress(ProcessLookupError):
