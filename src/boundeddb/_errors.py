@@ -96,9 +96,10 @@ class LoadFailed(BoundedDBError):
     A :meth:`~boundeddb.SemaphoreRunner.load` stopped before its end; its :attr:`report` says what committed.
 
     It stops at the first refused row with ``errors="raise"`` (that row is in ``report.rejected``),
-    and at a chunk whose transaction failed for any other reason, such as a lost connection once
-    retries ran out, a timeout or a COMMIT whose fate is unknown. The exception that stopped it is
-    its ``__cause__``. Rows of chunks that committed before stay committed; rerun with the same
+    at a chunk whose transaction failed for any other reason, such as a lost connection once
+    retries ran out, a timeout or a COMMIT whose fate is unknown, and before its first chunk if the
+    :class:`~boundeddb.Journal`'s lookup failed once retries ran out. The exception that stopped it
+    is its ``__cause__``. Rows of chunks that committed before stay committed; rerun with the same
     :class:`~boundeddb.Journal` to load only the rest.
 
     .. versionadded:: 0.3.0

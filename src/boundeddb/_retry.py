@@ -39,6 +39,8 @@ class RetryPolicy:
 
     A retry releases the unit's slot while it waits, so a backing-off unit never holds a connection.
     When the attempts run out, the last attempt's exception goes through unchanged.
+    A :class:`~boundeddb.Journal`'s lookups are retried by the same policy, each attempt on a new
+    connection (see :doc:`/explanation/guarantees`).
     Delays grow exponentially from ``initial_delay`` by ``multiplier``, capped at ``max_delay``.
     With ``jitter`` each delay is drawn uniformly from its upper half, so that units that failed
     together do not retry together.
@@ -53,8 +55,9 @@ class RetryPolicy:
             Pass your own predicate to widen or narrow it.
         on_retry: Called as ``on_retry(error, attempt, delay)`` before each back-off, with the failed
             attempt's exception, its number counted from 1, and the seconds to wait: count or
-            log retries your own way. It runs where the unit ran, in a worker thread for
-            :class:`~boundeddb.ThreadOffloadRunner`. What it raises is logged and ignored.
+            log retries your own way; a journal's lookups call it too. It runs where the unit ran,
+            in a worker thread for :class:`~boundeddb.ThreadOffloadRunner`. What it raises is
+            logged and ignored.
             See :doc:`/how-to/observe`. *New in 0.2.0.*
 
     .. versionadded:: 0.1.0

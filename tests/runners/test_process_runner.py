@@ -24,8 +24,10 @@ from boundeddb import (
     BoundedDBError,
     Journal,
     ProcessRunner,
+    RetryPolicy,
     RunFailed,
     RunnerClosedError,
+    RunReport,
     UnpicklableError,
     WorkerLostError,
 )
@@ -381,6 +383,86 @@ async def test_a_journal_lookup_whose_workers_die_is_asked_of_their_successors(
     finally:
         with rows.begin() as connection:
             connection.execute(text(f'DROP TABLE IF EXISTS "{pg_schema}".{table}'))
+
+
+@pytest.mark.parametrize(
+    ("driver", "fn"), [("asyncpg", units.insert), ("psycopg", units.insert_sync)], ids=["async", "sync"]
+)
+async def test_a_process_worker_s_dropped_lookup_is_retried(
+    rows: Engine,
+    make_runner: Callable[..., ProcessRunner],
+    app_name: str,
+    pg_schema: str,
+    driver: str,
+    fn: Any,
+) -> None:
+    """A worker's lookup waiting on a locked journal has its backend terminated: it asks again, then runs."""
+    table = "bdbt_process_lookup"
+    Journal.create(rows, table=table)
+    journal = Journal(f"process-{secrets.token_hex(4)}", key=lambda item: item, table=table)
+    try:
+        async with make_runner(
+            driver, limit=2, processes=1, retry=RetryPolicy(attempts=2, initial_delay=0)
+        ) as runner:
+            outcome = await _map_with_one_lookup_dropped(runner, fn, journal, rows, app_name, pg_schema)
+        assert isinstance(outcome, RunReport), repr(outcome)
+        assert (outcome.stats.succeeded, outcome.stats.skipped) == (20, 0)
+        assert committed(rows) == dict.fromkeys(range(20), 1)
+    finally:
+        with rows.begin() as connection:
+            connection.execute(text(f'DROP TABLE IF EXISTS "{pg_schema}".{table}'))
+
+
+async def _map_with_one_lookup_dropped(
+    runner: ProcessRunner, fn: Any, journal: Journal[Any], rows: Engine, app: str, schema: str
+) -> Any:
+    """
+    ``runner.map(fn, range(20))`` with ``journal``, whose table is locked until its first lookup was
+    terminated on the server and a second one waits (or the call ended): the report, or what it raised.
+    """
+    table = journal.table
+    ended: list[Any] = []
+
+    def waiting() -> list[int]:
+        with rows.connect() as connection:
+            found = connection.execute(
+                text(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = :app AND state = 'active' "
+                    "AND wait_event_type = 'Lock' AND query LIKE :like"
+                ),
+                {"app": app, "like": f"%{table}%"},
+            )
+            return [int(pid) for pid in found.scalars()]
+
+    with rows.connect() as locker:  # the admin engine autocommits: its own transaction
+        locker.exec_driver_sql("BEGIN")
+        locker.exec_driver_sql(f'LOCK TABLE "{schema}".{table} IN ACCESS EXCLUSIVE MODE')
+        async with anyio.create_task_group() as tasks:
+
+            async def call() -> None:
+                try:
+                    ended.append(await runner.map(fn, range(20), journal=journal))
+                except Exception as error:  # the test's to show, once the lock is gone
+                    ended.append(error)
+
+            tasks.start_soon(call)
+            first: list[int] = []
+
+            def first_waits() -> bool:
+                first[:] = waiting()
+                return len(first) == 1
+
+            await anyio.to_thread.run_sync(wait_until, first_waits, 60, "a worker's lookup waits")
+            with rows.connect() as connection:
+                terminate = text("SELECT pg_terminate_backend(:pid, 5000)")
+                assert connection.execute(terminate, {"pid": first[0]}).scalar_one() is True
+
+            def again_or_over() -> bool:
+                return bool(ended) or any(pid != first[0] for pid in waiting())
+
+            await anyio.to_thread.run_sync(wait_until, again_or_over, 30, "the lookup asked again")
+            locker.exec_driver_sql("ROLLBACK")
+    return ended[0]
 
 
 def kill_a_worker_when(admin: Engine, rows_at_least: int) -> tuple[threading.Thread, list[int]]:

@@ -4,15 +4,17 @@ One unit from its first attempt to its outcome, written once for every executor.
 An executor runs one attempt and returns the unit's value or raises. :meth:`Attempts.settle` says
 what a failure means: the unit's :class:`~boundeddb.Outcome`, or the delay before its next attempt.
 A unit backing off never holds a slot: :meth:`Attempts.rest` gives it back for each back-off.
+A journal's lookup is retried by the same rule: :meth:`Attempts.retried` and its twin in a thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from time import perf_counter
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import anyio
 
@@ -35,6 +37,10 @@ __all__ = [
 logger = logging.getLogger("boundeddb.retry")
 
 WorkerT = TypeVar("WorkerT")
+T = TypeVar("T")
+
+#: Seconds between two looks at whether its run stopped, for a back-off in a thread.
+_STOPPED_POLL_S: Final = 0.02
 
 
 class ConnectFailed(Exception):
@@ -108,6 +114,11 @@ class Retry:
     delay: float
     #: Seconds it waited for slots so far.
     wait_s: float
+
+
+def _own(error: Exception) -> Exception:
+    """The error to raise for a failed attempt: the one a :class:`ConnectFailed` carries, else itself."""
+    return error.error if isinstance(error, ConnectFailed) else error
 
 
 def _fields(index: int, attempt: int, error: str) -> dict[str, object]:
@@ -185,10 +196,11 @@ class Attempts:
         self._tell_retry(shown, attempt, delay)
         return delay
 
-    def again(self, error: Exception, attempt: int, latency_s: float) -> float | None:
+    def again(self, error: Exception, attempt: int, latency_s: float, what: str = "a batch") -> float | None:
         """
         Seconds before a batch whose attempt number ``attempt`` failed with ``error`` runs again as a
         whole, or ``None`` if it is not to: the policy does not retry the error, or it ran out.
+        ``what`` names what failed in the log: a batch, or a journal's lookup.
         """
         if self._failed is not None:
             self._failed(error.error if isinstance(error, ConnectFailed) else error, latency_s)
@@ -204,9 +216,54 @@ class Attempts:
             return None
         delay = self._retry.delay(attempt)
         name = type(shown).__qualname__
-        logger.debug("a batch's attempt %d failed with %s; retrying it in %.3f s", attempt, name, delay)
+        logger.debug("%s's attempt %d failed with %s; retrying it in %.3f s", what, attempt, name, delay)
         self._tell_retry(shown, attempt, delay)
         return delay
+
+    async def retried(self, attempt_fn: Callable[[], Awaitable[T]], what: str, slot: Slot | None = None) -> T:
+        """
+        What ``attempt_fn()`` returns, tried as often as the policy retries a unit: what it raised
+        last, unchanged, once the policy does not retry it or ran out (a :class:`ConnectFailed`, the
+        error it carries). Each back-off sleeps on the loop, ``slot`` (if given) given back meanwhile.
+        """
+        attempt = 1
+        while True:
+            started = perf_counter()
+            try:
+                return await attempt_fn()
+            except Exception as error:
+                failed = error
+            delay = self.again(failed, attempt, perf_counter() - started, what)
+            if delay is None:
+                raise _own(failed)
+            if slot is not None:
+                slot.give()  # never hold a connection slot while backing off
+            await anyio.sleep(delay)
+            if slot is not None:
+                await slot.take()
+            attempt += 1
+
+    def retried_sync(self, attempt_fn: Callable[[], T], what: str, stopped: Callable[[], bool]) -> T:
+        """
+        As :meth:`retried`, in a worker thread, which sleeps each back-off. Once ``stopped()`` (the
+        run stopped starting units, or was cancelled), it backs off no more and raises the last error.
+        """
+        attempt = 1
+        while True:
+            started = perf_counter()
+            try:
+                return attempt_fn()
+            except Exception as error:
+                failed = error
+            delay = self.again(failed, attempt, perf_counter() - started, what)
+            if delay is None:
+                raise _own(failed)
+            until = perf_counter() + delay
+            while (left := until - perf_counter()) > 0 and not stopped():
+                time.sleep(min(left, _STOPPED_POLL_S))
+            if stopped():
+                raise _own(failed)
+            attempt += 1
 
     @staticmethod
     def commit_unknown(unknown: CommitUnknown, first: int, units: int) -> None:

@@ -57,14 +57,24 @@ class JournalChunks:
     per key lookup, in input order.
 
     ``in_threads``: the list comes from a plain iterator that looks keys up in the thread that asks,
-    for workers that pull in their own threads; else from an async one.
+    for workers that pull in their own threads; else from an async one. ``chunks`` may be set after
+    the object is made, for an iterator that asks :meth:`stopped`.
     """
 
-    __slots__ = ("chunks", "in_threads")
+    __slots__ = ("chunks", "in_threads", "run")
 
-    def __init__(self, chunks: Iterator[list[Any]] | AsyncIterator[list[Any]], *, in_threads: bool) -> None:
+    def __init__(
+        self, chunks: Iterator[list[Any]] | AsyncIterator[list[Any]] | None, *, in_threads: bool
+    ) -> None:
         self.chunks = chunks
         self.in_threads = in_threads
+        #: The run that pulls the chunks, once it is made.
+        self.run: Run[Any] | None = None
+
+    def stopped(self) -> bool:
+        """Whether the run that pulls the chunks stopped starting units: a lookup then backs off no more."""
+        run = self.run
+        return run is not None and run.stopping
 
 
 #: What a run pulls: units, from a plain or an async iterable, or a journal's chunks of them.
@@ -88,6 +98,7 @@ class JournalledRun(Run[SinkT]):
         #: What the input or the lookup of the next chunk raised: the run stops when it is taken.
         self._fetch_error: Exception | None = None
         if isinstance(units, JournalChunks):
+            units.run = self
             units = self._units_in_thread() if units.in_threads else self._units()
         super().__init__(units, sink, **options)
         self._admit_unit = self._admit  # the run's own, wrapped in telemetry or not
@@ -201,9 +212,12 @@ class JournalledRun(Run[SinkT]):
         return self._take_fetched()
 
     def _take_fetched(self) -> list[Any] | None:
-        """The chunk fetched; if fetching it raised, the run stops and keeps the error to raise."""
+        """
+        The chunk fetched; if fetching it raised, the run stops and keeps the error to raise, unless
+        it had stopped already (a failed unit, a cancellation): what stopped it first is what it raises.
+        """
         chunk, self._fetched = self._fetched, None
-        if self._fetch_error is not None:
+        if self._fetch_error is not None and not self.stopping:
             self.input_error, self.stopping = self._fetch_error, True
         return chunk
 

@@ -14,6 +14,7 @@ from typing import Any, Final
 from sqlalchemy.engine import Engine
 
 from .._arguments import checked_iterable
+from .._core.limiter import Slot
 from .._core.recorder import Recorder
 from .._core.run import Run
 from .._core.sinks import ListSink
@@ -113,6 +114,8 @@ class LoadCall:
             AsyncChunkUnit if async_units else SyncChunkUnit
         )
         self._maker: ChunkMaker | None = None
+        #: The input positions the journal says committed before: :meth:`look_up`'s answer.
+        self._done = IndexRanges()
 
     @property
     def chunks_total(self) -> range | None:
@@ -129,14 +132,35 @@ class LoadCall:
         """The unit that writes ``chunk``."""
         return self._unit_type(chunk, self._settings)
 
-    async def units(self) -> Iterable[Any] | AsyncIterable[Any]:
-        """The call's chunk units, pulled lazily, once the journal said which rows committed before."""
-        done = IndexRanges()
-        if self._journal is not None:
-            done = IndexRanges.from_keys(await self._journal.keys_starting(KEY_PREFIX))
+    @property
+    def journalled(self) -> bool:
+        """Whether the call has a journal, to look up before its first chunk (:meth:`look_up`)."""
+        return self._journal is not None
+
+    async def look_up(self, slot: Slot) -> None:
+        """
+        Ask the journal which rows committed before, within ``slot``: one query, retried as the
+        runner's policy retries a chunk, ``slot`` given back while it backs off. It raises what the
+        last attempt raised: :meth:`lookup_failed` makes it the error that stops the load.
+        """
+        self._done = IndexRanges.from_keys(await self._journal.keys_starting(KEY_PREFIX, slot))
+
+    def lookup_failed(self, error: Exception, stats: RunStats) -> LoadFailed:
+        """The error that stops the load when its journal's lookup raised ``error``: no chunk ran."""
+        first_line = next(iter(str(error).splitlines()), "")
+        msg = (
+            f"the load stopped before its first chunk: the lookup of journal {self._journal.job!r} failed "
+            f"({type(error).__name__}: {first_line}); no row was loaded: rerun with the same journal "
+            "once its cause is fixed"
+        )
+        return LoadFailed(msg, report=LoadReport(0, 0, [], 0, stats))
+
+    def units(self) -> Iterable[Any] | AsyncIterable[Any]:
+        """The call's chunk units, pulled lazily, after :meth:`look_up` if it has a journal."""
+        dialect = self._engine.dialect
         maker = self._maker = ChunkMaker(
-            self._target, self._names, self._batch, self._writer, self._engine.dialect, done, self._unit,
-        )  # fmt: skip
+            self._target, self._names, self._batch, self._writer, dialect, self._done, self._unit
+        )
         rows = self._rows
         if isinstance(rows, AsyncIterable):
             return maker.chunks_async(rows)

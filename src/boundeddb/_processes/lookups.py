@@ -21,7 +21,8 @@ class WorkerLookups:
     """
     Which keys of a journal have a row, as :class:`~boundeddb._runners.journal_rows.JournalRows`
     answers it, each lookup run by a worker within its share of the limit (asked again of another
-    worker if that one dies first). The first one creates the table, as the journal says.
+    worker if that one dies first), which retries it as it retries its units. The first one creates
+    the table, as the journal says.
     """
 
     def __init__(self, fleet: Fleet, kind: Kind, journal: Journal[Any], dialect: Dialect) -> None:
@@ -34,4 +35,5 @@ class WorkerLookups:
     async def done(self, keys: list[str]) -> set[str]:
         """Which of ``keys`` have a row: one query, on a worker's connection."""
         answer = self._fleet.look_up(self._kind, self._journal, keys)
-        return await anyio.to_thread.run_sync(answer.result)
+        # The worker answers after its retries, if any: a cancelled call stops waiting at once.
+        return await anyio.to_thread.run_sync(answer.result, abandon_on_cancel=True)

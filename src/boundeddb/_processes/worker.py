@@ -18,7 +18,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
 
-from .._core.attempts import CommitUnknown, CommitVerified
+from .._arguments import check_retry
+from .._core.attempts import Attempts, CommitUnknown, CommitVerified
 from .._dialects import for_name
 from .._errors import WorkerLostError
 from .._executors.checkouts import track_peak
@@ -78,6 +79,8 @@ class WorkerSide:
         self.gate = Gate(config.units, self._dispose)
         #: Each journal's rows that calls looked keys up in, by kind and ``(job, table, create_table)``.
         self._lookups: dict[tuple[Kind, tuple[str, str, bool]], JournalRows] = {}
+        #: The retry rule of the worker's runners, which a journal's lookups are tried by too.
+        self._attempts = Attempts(check_retry(config.retry))
 
     def send(self, message: tuple[Any, ...]) -> None:
         """Send ``message`` to the parent after what was posted, from any thread: in the pipe on return."""
@@ -219,6 +222,7 @@ class WorkerSide:
                         table,
                         sync_engine,
                         self._dialect,
+                        self._attempts,
                         async_units=call.kind is Kind.ASYNC,
                         create_table=False,
                     )
@@ -260,13 +264,17 @@ class WorkerSide:
                 table,
                 sync_engine,
                 self._dialect,
+                self._attempts,
                 async_units=kind is Kind.ASYNC,
                 create_table=create_table,
             )
         return rows
 
     async def _look_up(self, message: p.LookUp) -> None:
-        """Which of a call's keys have a row, within one place of the gate: the parent has no connection."""
+        """
+        Which of a call's keys have a row, within one place of the gate: the parent has no connection.
+        The lookup is retried as the worker's units are, keeping its place meanwhile as a unit does.
+        """
         kind = Kind(message.kind)
         await self.gate.acquire(kind)
         try:

@@ -193,8 +193,9 @@ class AsyncUnitsRunner(LoadsRunner):
                 sequences come without ``columns``. Found among the first ``batch`` rows, nothing was
                 written; later, the chunks before stay committed and the message says how many rows.
             LoadFailed: ``errors="raise"`` and a row was refused, or a chunk failed for another
-                reason (a lost connection once retries ran out, a timeout, a COMMIT of unknown fate).
-                Its ``report`` says what committed.
+                reason (a lost connection once retries ran out, a timeout, a COMMIT of unknown fate),
+                or the journal's lookup failed once retries ran out, before any chunk. Its
+                ``report`` says what committed.
 
         Cancelling the call rolls back the chunks in flight and returns their connections; chunks
         that committed stay committed.

@@ -1,6 +1,6 @@
 """
-A job's rows in its journal table: the lookups of a ``map()`` call's keys, the table's check, and
-the probe of a lost COMMIT.
+A job's rows in its journal table: the lookups of a ``map()`` call's keys and of a load's positions,
+each retried as the runner's policy retries a unit, the table's check, and the probe of a lost COMMIT.
 
 ``journal_units.py`` uses them; :doc:`/explanation/architecture` tells how the journal works.
 """
@@ -8,7 +8,9 @@ the probe of a lost COMMIT.
 from __future__ import annotations
 
 import logging
-from typing import Any, Final
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -19,7 +21,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from .._core.attempts import CommitUnknown, CommitVerified
+from .._core.attempts import Attempts, CommitUnknown, CommitVerified, ConnectFailed
+from .._core.limiter import Slot
 from .._dialects import Dialect
 from .._errors import BoundedDBError
 from .._journal import Journal, journal_table, untranslated
@@ -31,14 +34,29 @@ logger = logging.getLogger("boundeddb.journal")
 #: Seconds the probe of a lost COMMIT waits for the row lock of the unit's own transaction.
 PROBE_WAIT_S: Final = 10
 
+#: What a lookup is called in the retry log.
+_LOOKUP: Final = "a journal's lookup"
+
+T = TypeVar("T")
+
 
 class JournalRows:
     """A job's rows in its journal table, on one engine: the SQL a call and its units run."""
 
     def __init__(
-        self, job: str, table: str, engine: Engine, dialect: Dialect, *, async_units: bool, create_table: bool
+        self,
+        job: str,
+        table: str,
+        engine: Engine,
+        dialect: Dialect,
+        attempts: Attempts,
+        *,
+        async_units: bool,
+        create_table: bool,
     ) -> None:
+        """``attempts``: the runner's retry rule, which each lookup is tried by, as a unit would be."""
         self.job = job
+        self._attempts = attempts
         self._engine = engine = untranslated(engine)
         self._async_engine = AsyncEngine(engine) if async_units else None
         self._dialect = dialect
@@ -89,32 +107,53 @@ class JournalRows:
             rows = [{"job": job, "item_key": key} for key in keys]
         return rows[0] if len(rows) == 1 else rows
 
-    # -- the queries -------------------------------------------------------------------------------
+    # -- the queries ---------------------------------------------------------------------------------
+    #
+    # Each lookup is retried by the runner's policy, as a unit is, each attempt on a connection of its
+    # own: a failed one is returned to the pool, or discarded if it was lost, before the back-off.
 
     async def done(self, keys: list[str]) -> set[str]:
         """Which of ``keys`` have a row: one query, on a connection of the runner's engine."""
-        if self._async_engine is not None:
-            async with self._async_engine.connect() as connection:
-                return await connection.run_sync(self._done_on, keys)
-        return await anyio.to_thread.run_sync(self.done_sync, keys)
+        return await self._attempts.retried(partial(self._attempt, self._done_on, keys), _LOOKUP)
 
-    def done_sync(self, keys: list[str]) -> set[str]:
-        """As :meth:`done`, in the calling thread."""
-        with self._engine.connect() as connection:
-            return self._done_on(connection, keys)
+    def done_sync(self, keys: list[str], stopped: Callable[[], bool]) -> set[str]:
+        """As :meth:`done`, in the calling thread, which backs off until ``stopped()``."""
+        attempt = partial(self._attempt_sync, self._done_on, keys)
+        return self._attempts.retried_sync(attempt, _LOOKUP, stopped)
 
-    async def keys_starting(self, prefix: str) -> list[str]:
-        """Every key of the job that starts with ``prefix``: one query, on a connection of the engine."""
-        if self._async_engine is not None:
-            async with self._async_engine.connect() as connection:
-                return await connection.run_sync(self._keys_on, prefix)
-        return await anyio.to_thread.run_sync(self._keys_sync, prefix)
+    async def keys_starting(self, prefix: str, slot: Slot | None = None) -> list[str]:
+        """
+        Every key of the job that starts with ``prefix``: one query, on a connection of the engine,
+        within ``slot``, which is given back while it backs off.
+        """
+        return await self._attempts.retried(partial(self._attempt, self._keys_on, prefix), _LOOKUP, slot)
 
-    def _keys_sync(self, prefix: str) -> list[str]:
-        with self._engine.connect() as connection:
-            return self._keys_on(connection, prefix)
+    async def _attempt(self, query: Callable[[Connection, T], Any], argument: T) -> Any:
+        """One attempt of a lookup, on a connection of its own, shielded: a pull's deadline never cuts it."""
+        if self._async_engine is None:
+            return await anyio.to_thread.run_sync(self._attempt_sync, query, argument)
+        with anyio.CancelScope(shield=True):
+            connection = self._async_engine.connect()
+            try:
+                await connection.start()
+            except Exception as error:  # nothing was sent: a retry is safe, as a unit's would be
+                raise ConnectFailed(error) from error
+            try:
+                return await connection.run_sync(query, argument)
+            finally:
+                await connection.close()
+
+    def _attempt_sync(self, query: Callable[[Connection, T], Any], argument: T) -> Any:
+        """As :meth:`_attempt`, in the calling thread."""
+        try:
+            connection = self._engine.connect()
+        except Exception as error:
+            raise ConnectFailed(error) from error
+        with connection:
+            return query(connection, argument)
 
     def _keys_on(self, connection: Connection, prefix: str) -> list[str]:
+        """:meth:`keys_starting`'s query, on ``connection``."""
         if not self._checked:
             self._check_table(connection)
         table = self._table
@@ -126,6 +165,7 @@ class JournalRows:
         return keys
 
     def _done_on(self, connection: Connection, keys: list[str]) -> set[str]:
+        """:meth:`done`'s query, on ``connection``."""
         if not self._checked:
             self._check_table(connection)
         done = self._dialect.done_keys(
@@ -135,7 +175,10 @@ class JournalRows:
         return done
 
     def _check_table(self, connection: Connection) -> None:
-        """Create the table if it is missing and the journal may, else raise an error with its DDL."""
+        """
+        Create the table if it is missing and the journal may, else raise an error with its DDL: part
+        of the first lookup, and retried with it. A transient error is raised as it is, to be retried.
+        """
         table = self._table
         if not sa_inspect(connection).has_table(table.name):
             connection.rollback()
@@ -150,6 +193,8 @@ class JournalRows:
                 with connection.begin():
                     table.create(connection, checkfirst=True)
             except sa_exc.DBAPIError as error:
+                if self._dialect.is_transient(error):  # a lost connection: the lookup's to retry
+                    raise
                 msg = (
                     f"Journal {self.job!r}: the table {table.name!r} does not exist and could not be "
                     f"created ({type(error.orig).__name__}: {error.orig}): have it created, e.g. in a "

@@ -12,11 +12,9 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, It
 from itertools import islice
 from typing import Any, Final, Protocol
 
-import anyio
-import anyio.to_thread
 from sqlalchemy.engine import Engine
 
-from .._core.attempts import CommitUnknown, UnitMisuse
+from .._core.attempts import Attempts, CommitUnknown, UnitMisuse
 from .._core.journalled import SKIPPED, Foregone, JournalChunks
 from .._dialects import Dialect
 from .._errors import UnitMisuseError
@@ -35,7 +33,10 @@ LAST_CHUNK: Final = 500
 
 
 class KeyLookups(Protocol):
-    """Which keys of a job have a row: a :class:`JournalRows`, or a ProcessRunner's workers."""
+    """
+    Which keys of a job have a row: a :class:`JournalRows`, or a ProcessRunner's workers. Each
+    lookup is retried as the runner's policy retries a unit; what it raises stops the call.
+    """
 
     #: The most keys one lookup asks for.
     most_keys: int
@@ -50,17 +51,19 @@ def map_units(
     runner: str,
     engine: Engine,
     dialect: Dialect,
+    attempts: Attempts,
     *,
     async_units: bool,
 ) -> Iterable[Any] | AsyncIterable[Any] | JournalChunks:
     """
     ``map(fn, items)``'s units on ``runner``, through ``journal`` unless it is None. Sync units'
-    worker threads pull a plain iterable themselves, and look its keys up as they do.
+    worker threads pull a plain iterable themselves, and look its keys up as they do. ``attempts``:
+    the runner's retry rule, which the lookups are tried by.
     """
     units = units_of(fn, items, runner)  # checks fn and items
     if journal is None:
         return units
-    call = JournalCall.on(check_journal(journal, runner), engine, dialect, async_units=async_units)
+    call = JournalCall.on(check_journal(journal, runner), engine, dialect, attempts, async_units=async_units)
     return call.units(fn, items, in_threads=not async_units)  # type: ignore[arg-type]
 
 
@@ -110,13 +113,16 @@ class JournalCall:
         self._item_type: type[JournalItem] = AsyncJournalItem if async_units else SyncJournalItem
 
     @classmethod
-    def on(cls, journal: Journal[Any], engine: Engine, dialect: Dialect, *, async_units: bool) -> JournalCall:
-        """A call of ``journal`` on ``engine``, the runner's own."""
+    def on(
+        cls, journal: Journal[Any], engine: Engine, dialect: Dialect, attempts: Attempts, *, async_units: bool
+    ) -> JournalCall:
+        """A call of ``journal`` on ``engine``, the runner's own, its lookups tried by ``attempts``."""
         rows = JournalRows(
             journal.job,
             journal.table,
             engine,
             dialect,
+            attempts,
             async_units=async_units,
             create_table=journal.create_table,
         )
@@ -143,7 +149,9 @@ class JournalCall:
         if isinstance(items, AsyncIterable):
             return self.looked_up(items, unit)
         if in_threads:
-            return JournalChunks(self.chunks_sync(items, unit), in_threads=True)
+            chunks = JournalChunks(None, in_threads=True)
+            chunks.chunks = self.chunks_sync(items, unit, chunks.stopped)
+            return chunks
         return JournalChunks(self.chunks(items, unit), in_threads=False)
 
     def keyed(self, items: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[tuple[Any, str] | Foregone]:
@@ -166,8 +174,9 @@ class JournalCall:
         whose row exists, or a :class:`Foregone` failure for each whose key is wrong, in input order.
 
         The keys are looked up in chunks of :data:`FIRST_CHUNK` to :data:`LAST_CHUNK` items, one query
-        each. An async input is read a chunk ahead: one that yields an item only once an earlier
-        item's unit settled would wait for itself.
+        each, retried as a unit would be; what the last attempt raised ends the chunks. An async input
+        is read a chunk ahead: one that yields an item only once an earlier item's unit settled would
+        wait for itself.
         """
         sync_items = None if isinstance(items, AsyncIterable) else iter(items)
         async_items = aiter(items) if isinstance(items, AsyncIterable) else None
@@ -185,21 +194,24 @@ class JournalCall:
             if not chunk:
                 return
             keys, wanted = self._keys(chunk)
-            # Shielded: a deadline of a batch's pull must not end this generator mid-query.
-            with anyio.CancelScope(shield=True):
-                done = await self.lookups.done(wanted) if wanted else _NONE_DONE
+            done = await self.lookups.done(wanted) if wanted else _NONE_DONE  # each attempt shielded
             yield self._settled(chunk, keys, done, make)
             size = _next_size(size, len(done) == len(chunk), self.lookups.most_keys)
 
-    def chunks_sync(self, items: Iterable[Any], make: Callable[[Any, str], Any]) -> Iterator[list[Any]]:
-        """As :meth:`chunks`, for a plain iterable, in the calling thread: it blocks on each lookup."""
+    def chunks_sync(
+        self, items: Iterable[Any], make: Callable[[Any, str], Any], stopped: Callable[[], bool]
+    ) -> Iterator[list[Any]]:
+        """
+        As :meth:`chunks`, for a plain iterable, in the calling thread: it blocks on each lookup, and
+        a lookup backs off between attempts until ``stopped()``.
+        """
         rows = self.rows
         assert rows is not None, "a thread runner's own call: its rows look its keys up"
         iterator = iter(items)
         size = FIRST_CHUNK
         while chunk := list(islice(iterator, size)):
             keys, wanted = self._keys(chunk)
-            done = rows.done_sync(wanted) if wanted else _NONE_DONE
+            done = rows.done_sync(wanted, stopped) if wanted else _NONE_DONE
             yield self._settled(chunk, keys, done, make)
             size = _next_size(size, len(done) == len(chunk), rows.most_keys)
 

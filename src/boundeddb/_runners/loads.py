@@ -40,7 +40,6 @@ class LoadsRunner(BaseRunner):
 
     async def _run_load(
         self,
-        units: Iterable[Any] | AsyncIterable[Any],
         call: LoadCall,
         *,
         measure_loop_lag: bool,
@@ -50,10 +49,21 @@ class LoadsRunner(BaseRunner):
         """
         Run a ``load()``'s chunks, one transaction each whatever ``batch=`` says, stopping at the first
         failure: the outcomes in input order, the stats and the run, whose errors are the caller's to raise.
+        First its journal's lookup, within a slot as a unit's attempt: if it fails, :class:`LoadFailed`.
         """
         if self._load_executor is None:
             self._load_executor = self._new_executor(None)
         with self._bound(), self._observers.recording(self._engine.pool) as recorder:
+            if call.journalled:
+                slot = Slot(self._limiter, 0)
+                await slot.take()
+                try:
+                    await call.look_up(slot)
+                except Exception as error:  # once the retry policy gave up: before the first chunk
+                    raise call.lookup_failed(error, self._stats(recorder)) from error
+                finally:
+                    slot.give()
+            units = call.units()
             request = feedback_request(progress, None, description, call.chunks_total)  # type: ignore[arg-type]
             feedback = None
             try:
@@ -104,24 +114,15 @@ class LoadsRunner(BaseRunner):
                 )
                 raise ValueError(msg)
             journal_rows = JournalRows(
-                checked.job, checked.table, self._engine, self._dialect,
+                checked.job, checked.table, self._engine, self._dialect, self._attempts,
                 async_units=self._async_units, create_table=checked.create_table,
             )  # fmt: skip
         call = LoadCall(
             self._engine, self._dialect, target, rows, columns=columns, batch=batch, errors=errors,
             journal=journal_rows, async_units=self._async_units,
         )  # fmt: skip
-        if journal_rows is None:
-            units = await call.units()
-        else:  # its lookup holds a connection: within the limit, as a unit would
-            slot = Slot(self._limiter, 0)
-            await slot.take()
-            try:
-                units = await call.units()
-            finally:
-                slot.give()
         outcomes, stats, run = await self._run_load(
-            units, call, measure_loop_lag=measure_loop_lag, progress=progress, description=f"{verb}: chunks"
+            call, measure_loop_lag=measure_loop_lag, progress=progress, description=f"{verb}: chunks"
         )
         return call.report(outcomes, stats, run)
 
