@@ -5,8 +5,9 @@ It starts a PostgreSQL of its own, a fault proxy in front of it (and of the loca
 answers), runs every workload and job through them for ``--duration`` seconds while the nemesis
 injects a fault every 1-2 s, then heals the faults, lets every operation finish, and checks the
 history against the databases. It prints the seed first (``--seed`` replays the same draws) and a
-report at the end (``report.md`` and ``report.json`` in ``--out``), and exits 1 if it found any
-anomaly.
+report at the end (``report.md`` and ``report.json`` in ``--out``). It exits 0 if it found no
+anomaly, 1 if it found one, 2 if it cannot run here, and 3 if the soak itself failed (its
+traceback is printed, and written to ``soak-error.txt``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +107,7 @@ class Soak:
             print(f"chaos: cannot run: {reason}", file=sys.stderr)
             return 2
         print(f"chaos: seed {self.seed}, {self.args.duration:.0f} s, out {self.out}", flush=True)
-        server = ChaosServer(self.out / "pgdata")
+        server = ChaosServer()
         loop = ProxyLoop()
         try:
             return self._run(server, loop)
@@ -345,7 +347,14 @@ class Soak:
 
 
 def main(argv: list[str]) -> int:
-    return Soak(_arguments(argv)).run()
+    soak = Soak(_arguments(argv))
+    try:
+        return soak.run()
+    except Exception:
+        failure = traceback.format_exc()
+        (soak.out / "soak-error.txt").write_text(failure, encoding="utf-8")
+        print(f"chaos: the soak itself failed:\n{failure}", file=sys.stderr, flush=True)
+        return 3
 
 
 if __name__ == "__main__":

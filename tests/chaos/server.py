@@ -16,8 +16,10 @@ import contextlib
 import importlib.util
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -47,15 +49,23 @@ def server_available() -> str | None:
 
 
 class ChaosServer:
-    """A private PostgreSQL in ``directory``: started on creation, crashed and started again on demand."""
+    """
+    A private PostgreSQL: started on creation, crashed and started again on demand.
 
-    def __init__(self, directory: Path) -> None:
+    Its data directory is a temporary directory of its own, not under the run's (which may be a
+    pytest ``tmp_path``): as root, pgserver runs the server as another user, and every pytest process
+    that starts makes ``/tmp/pytest-of-root`` private again, after which the server could not be
+    started there.
+    """
+
+    def __init__(self) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR when run as root
             import pgserver
 
         self._pgserver = pgserver
-        self._server = pgserver.get_server(directory, cleanup_mode="delete")
+        self._directory = Path(tempfile.mkdtemp(prefix="boundeddb-chaos-pg-"))
+        self._server = pgserver.get_server(self._directory / "pgdata", cleanup_mode="delete")
         info = self._server.get_postmaster_info()
         self.socket_dir: Path = info.socket_dir
         #: The server's socket, which the proxy forwards to.
@@ -147,3 +157,4 @@ class ChaosServer:
             self._server.cleanup()
         finally:
             quiet.setLevel(level)
+            shutil.rmtree(self._directory, ignore_errors=True)

@@ -129,7 +129,7 @@ def test_a_client_that_retries_a_lost_commit_without_asking_is_caught_writing_tw
         "--crash-every", "0", "--no-mysql",
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == 1, f"exit status {done.returncode}:\n{done.stdout}\n{done.stderr}"
     report = json.loads((tmp_path / "report.json").read_text())
     assert set(report["anomalies_by_kind"]) == {"doubled"}, report["anomalies_by_kind"]
     doubled = report["anomalies_by_kind"]["doubled"]
