@@ -29,6 +29,7 @@ from sqlalchemy.pool import NullPool
 
 import boundeddb._executors.verify
 from boundeddb import Outcome, SemaphoreRunner, ThreadOffloadRunner
+from boundeddb._dialects.postgresql import DIALECT
 from boundeddb.testing import driver_url
 from tests.chaos.proxy import FaultProxy, ProxyLoop
 from tests.support.faults import PrivateServer, wait_until
@@ -400,3 +401,10 @@ async def test_a_lost_commit_in_odd_session_settings_is_still_verified_without_a
     [outcome] = report.outcomes
     assert (outcome.ok, outcome.value, outcome.commit_verified, outcome.attempts) == (True, 0, True, 1)
     assert world.units() == [0]
+
+
+def test_a_value_the_xid_statement_did_not_read_is_refused() -> None:
+    """xact_status_sql() of a bare id (no incarnation) raises, rather than ask about it without one."""
+    with pytest.raises(ValueError, match=r"^not a value of current_xid_sql: '731'$"):
+        DIALECT.xact_status_sql("731")
+    assert "CAST('731' AS xid8)" in DIALECT.xact_status_sql("731 1796650639747894 0/1498680")

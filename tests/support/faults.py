@@ -389,13 +389,14 @@ class PrivateServer:
     """
     An embedded PostgreSQL (the ``pgserver`` wheel) of one test's own, so it can be stopped and started.
 
-    Its data directory is a temporary directory of its own, not under pytest's ``tmp_path``: as root,
-    pgserver runs the server as another user, and every pytest process that starts on the machine
-    makes ``/tmp/pytest-of-root`` private again (mode 0700), after which ``pg_ctl start`` of a data
-    directory under it fails with "Permission denied" (seen when another session's tests started).
+    Its data directory is in ``directory``, by default a temporary directory of its own. Not under
+    pytest's ``tmp_path``: as root, pgserver runs the server as another user, and every pytest
+    process that starts on the machine makes ``/tmp/pytest-of-root`` private again (mode 0700),
+    after which ``pg_ctl start`` of a data directory under it fails with "Permission denied" (seen
+    when another session's tests started).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Path | None = None) -> None:
         if importlib.util.find_spec("pgserver") is None:
             pytest.skip("pgserver is not installed (it has no wheel for Python 3.13 and later)")
         with warnings.catch_warnings():
@@ -403,7 +404,8 @@ class PrivateServer:
             import pgserver
 
         self._pgserver = pgserver
-        self._directory = Path(tempfile.mkdtemp(prefix="boundeddb-private-pg-"))
+        self._own_directory = directory is None
+        self._directory = directory or Path(tempfile.mkdtemp(prefix="boundeddb-private-pg-"))
         self._server = pgserver.get_server(self._directory / "pgdata", cleanup_mode="delete")
         info = self._server.get_postmaster_info()
         self.socket_dir = info.socket_dir
@@ -478,4 +480,5 @@ class PrivateServer:
         except psutil.NoSuchProcess:  # pragma: no cover - gone before we looked
             pass
         self._server.cleanup()
-        shutil.rmtree(self._directory, ignore_errors=True)
+        if self._own_directory:
+            shutil.rmtree(self._directory, ignore_errors=True)
