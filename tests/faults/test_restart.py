@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -37,9 +36,9 @@ RESTART_UNITS = 1000
 
 
 @pytest.fixture
-def private_server(tmp_path: Path) -> Iterator[PrivateServer]:
+def private_server() -> Iterator[PrivateServer]:
     """An embedded PostgreSQL of this test's own: the shared server must never be restarted."""
-    server = PrivateServer(tmp_path / "pgdata")
+    server = PrivateServer()
     try:
         yield server
     finally:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import os
 import random
+import shutil
+import signal
 import subprocess
+import tempfile
 import threading
 import time
 import warnings
@@ -377,10 +381,22 @@ def no_warnings() -> Iterator[list[warnings.WarningMessage]]:
 # -- a private PostgreSQL that a test may restart --------------------------------------------------------
 
 
-class PrivateServer:
-    """An embedded PostgreSQL (the ``pgserver`` wheel) of one test's own, so it can be stopped and started."""
+#: What the server logs each time it is ready for connections: after a start or a crash recovery.
+_READY = "database system is ready to accept connections"
 
-    def __init__(self, directory: Path) -> None:
+
+class PrivateServer:
+    """
+    An embedded PostgreSQL (the ``pgserver`` wheel) of one test's own, so it can be stopped and started.
+
+    Its data directory is in ``directory``, by default a temporary directory of its own. Not under
+    pytest's ``tmp_path``: as root, pgserver runs the server as another user, and every pytest
+    process that starts on the machine makes ``/tmp/pytest-of-root`` private again (mode 0700),
+    after which ``pg_ctl start`` of a data directory under it fails with "Permission denied" (seen
+    when another session's tests started).
+    """
+
+    def __init__(self, directory: Path | None = None) -> None:
         if importlib.util.find_spec("pgserver") is None:
             pytest.skip("pgserver is not installed (it has no wheel for Python 3.13 and later)")
         with warnings.catch_warnings():
@@ -388,7 +404,9 @@ class PrivateServer:
             import pgserver
 
         self._pgserver = pgserver
-        self._server = pgserver.get_server(directory, cleanup_mode="delete")
+        self._own_directory = directory is None
+        self._directory = directory or Path(tempfile.mkdtemp(prefix="boundeddb-private-pg-"))
+        self._server = pgserver.get_server(self._directory / "pgdata", cleanup_mode="delete")
         info = self._server.get_postmaster_info()
         self.socket_dir = info.socket_dir
         self.url: URL = make_url(self._server.get_uri())
@@ -407,6 +425,39 @@ class PrivateServer:
         """Start it again with the options pgserver used (unix socket only)."""
         self._pg_ctl("-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self._server.log), "start")
         self.restarts += 1
+
+    @property
+    def socket(self) -> str:
+        """The path of its unix socket, for a proxy in front of it."""
+        return f"{self.socket_dir}/.s.PGSQL.{self.url.port or 5432}"
+
+    def configure(self, engine: Engine, **settings: str) -> None:
+        """
+        ``ALTER SYSTEM SET`` each of ``settings`` (as superuser, through ``engine``), then restart:
+        a reload would reach the server's own processes (the WAL writer) a moment later, unseen.
+        """
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            for name, value in settings.items():
+                connection.exec_driver_sql(f"ALTER SYSTEM SET {name} = '{value}'")
+        self.stop()
+        self.start()
+
+    def restart_immediately(self) -> None:
+        """``pg_ctl stop -m immediate``, then start: a crash, whose recovery the new postmaster runs."""
+        self._pg_ctl("-m", "immediate", "stop")
+        self.start()
+
+    def crash_backend(self, pid: int, timeout: float = 30.0) -> None:
+        """
+        SIGKILL backend ``pid``: the postmaster ends every session and reinitialises without
+        restarting, recovering from the crash. Return once its log says it is ready again.
+        """
+        ready = self._log_count(_READY)
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: self._log_count(_READY) > ready, timeout, "ready after a backend's crash")
+
+    def _log_count(self, line: str) -> int:
+        return Path(self._server.log).read_text(errors="replace").count(line)
 
     def cleanup(self) -> None:
         """
@@ -429,3 +480,5 @@ class PrivateServer:
         except psutil.NoSuchProcess:  # pragma: no cover - gone before we looked
             pass
         self._server.cleanup()
+        if self._own_directory:
+            shutil.rmtree(self._directory, ignore_errors=True)

@@ -12,9 +12,9 @@ import functools
 import importlib
 import pkgutil
 
-from .base import STATEMENT_ENDED, Dialect
+from .base import COMMITTED_SINCE_RESTART, STATEMENT_ENDED, Dialect
 
-__all__ = ["STATEMENT_ENDED", "Dialect", "all_dialects", "for_name"]
+__all__ = ["COMMITTED_SINCE_RESTART", "STATEMENT_ENDED", "Dialect", "all_dialects", "for_name"]
 
 
 @functools.cache

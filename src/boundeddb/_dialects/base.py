@@ -18,10 +18,14 @@ from sqlalchemy import exc as sa_exc
 
 from .._errors import UnitTimeout
 
-__all__ = ["STATEMENT_ENDED", "Dialect", "is_socket_error"]
+__all__ = ["COMMITTED_SINCE_RESTART", "STATEMENT_ENDED", "Dialect", "is_socket_error"]
 
 logger = logging.getLogger("boundeddb.dialects")
 
+#: What :meth:`Dialect.xact_status_sql` answers when the server says ``committed`` of the id, but has
+#: restarted or recovered from a crash since the id was read, and may have handed it out again: the
+#: commit may be another transaction's.
+COMMITTED_SINCE_RESTART = "committed, restarted since"
 #: How many driver errors back, each raised while handling the one before, a lost connection is looked for.
 _CONTEXT_DEPTH = 3
 
@@ -119,13 +123,18 @@ class Dialect:
 
     # -- verifying commits: verify_commits=True ----------------------------------------------------
 
-    #: SQL that returns the current transaction's id as text, or ``NULL`` if it wrote nothing yet.
-    #: ``None`` where the database cannot be asked afterwards what became of a transaction whose
-    #: connection was lost, so that ``verify_commits=True`` is refused.
+    #: SQL that returns, as text, the current transaction's id and what else :meth:`xact_status_sql`
+    #: needs to know, or ``NULL`` if it wrote nothing yet. ``None`` where the database cannot be
+    #: asked afterwards what became of a transaction whose connection was lost, so that
+    #: ``verify_commits=True`` is refused.
     current_xid_sql: str | None = None
 
     def xact_status_sql(self, xid: str) -> str:
-        """SQL that returns ``'committed'``, ``'aborted'``, ``'in progress'`` or ``NULL`` for ``xid``."""
+        """
+        SQL that returns what became of the transaction ``xid``, a value of :attr:`current_xid_sql`:
+        ``'committed'``, ``'aborted'``, ``'in progress'``, ``NULL`` if the server no longer knows,
+        or :data:`COMMITTED_SINCE_RESTART`.
+        """
         raise NotImplementedError
 
     def connect_timeout_params(self, driver: str, seconds: float) -> dict[str, Any]:

@@ -8,13 +8,14 @@ It also reads a transaction's status, which ``verify_commits`` needs.
 from __future__ import annotations
 
 import math
+import re
 from itertools import compress
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
-from .base import Dialect
+from .base import COMMITTED_SINCE_RESTART, Dialect
 
 __all__ = ["DIALECT", "NAMES", "PostgreSQL", "sqlstate"]
 
@@ -40,6 +41,19 @@ QUERY_CANCELED = "57014"
 _FLAG_BITS = bytes.maketrans(b"01", b"\x00\x01")
 #: psycopg 3's message for a connection whose socket is gone, in ``psycopg/waiting.py``.
 _PSYCOPG_SOCKET_CLOSED = "connection socket closed"
+
+
+#: The server's incarnation, as text: when its postmaster started (microseconds since 1970, whatever
+#: the session's TimeZone, DateStyle or extra_float_digits), and where its last crash recovery ended
+#: (``-`` if it started without one). An immediate restart changes the first. A backend's crash
+#: makes the postmaster reinitialise without restarting, and each recovery ends further on in the
+#: WAL. Both functions read shared memory, and any role may call them.
+_INCARNATION = (
+    "CAST(CAST(extract(epoch FROM pg_postmaster_start_time()) * 1000000 AS bigint) AS text) "
+    "|| ' ' || coalesce(CAST(pg_last_wal_replay_lsn() AS text), '-')"
+)
+#: What current_xid_sql reads: the id, then the incarnation.
+_XID = re.compile(r"([0-9]+) ([0-9]+ (?:[0-9A-F]+/[0-9A-F]+|-))")
 
 
 def sqlstate(error: BaseException | None) -> str | None:
@@ -116,10 +130,31 @@ class PostgreSQL(Dialect):
     # PostgreSQL 13+: the top-level transaction's full 64-bit id, which never wraps around, NULL
     # until it writes. pg_xact_status answers for it from any connection while the server keeps its
     # commit log, which covers any xid of the last few minutes by far. For an older one it says NULL.
-    current_xid_sql = "SELECT CAST(pg_current_xact_id_if_assigned() AS text)"
+    # After a crash, though, an id whose transaction never reached the WAL on disk is handed out
+    # again, and pg_xact_status then answers for another transaction: so the id is read with the
+    # server's incarnation, in the same value.
+    current_xid_sql = f"SELECT CAST(pg_current_xact_id_if_assigned() AS text) || ' ' || {_INCARNATION}"
 
     def xact_status_sql(self, xid: str) -> str:
-        return f"SELECT pg_xact_status(CAST('{int(xid)}' AS xid8))"
+        match = _XID.fullmatch(xid)
+        if match is None:
+            raise ValueError(f"not a value of current_xid_sql: {xid!r}")
+        number, incarnation = match.groups()
+        # No transaction at or after pg_snapshot_xmax has ended, and pg_xact_status raises for an
+        # id not handed out yet: so it is asked only below. In the incarnation the id was read in,
+        # an id at or beyond it is the unit's transaction, still running. Since a restart or a crash
+        # recovery, the id was not handed out again, or is another transaction's, still running;
+        # either way the unit's transaction did not commit, since its commit record on disk would
+        # have moved the next id past it. If the id was handed out again and that transaction
+        # aborted, the unit's did not commit either. But 'committed' may be the other's.
+        return (
+            "SELECT CASE WHEN q.x >= pg_snapshot_xmax(pg_current_snapshot()) "
+            "THEN CASE WHEN q.same THEN 'in progress' ELSE 'aborted' END "
+            "WHEN q.same THEN pg_xact_status(q.x) "
+            f"WHEN pg_xact_status(q.x) = 'committed' THEN '{COMMITTED_SINCE_RESTART}' "
+            "ELSE pg_xact_status(q.x) END "
+            f"FROM (SELECT CAST('{number}' AS xid8) AS x, {_INCARNATION} = '{incarnation}' AS same) AS q"
+        )
 
     def connect_timeout_params(self, driver: str, seconds: float) -> dict[str, Any]:
         if driver in ("asyncpg", "pg8000"):

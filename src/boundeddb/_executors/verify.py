@@ -2,14 +2,17 @@
 Verified commits: with ``verify_commits=True``, the server says what became of a lost COMMIT.
 
 Just before COMMIT, once the unit's pending changes are flushed, the script reads the transaction's
-id. If the COMMIT fails with a lost connection or a timeout, a connection from the same engine asks
-the server for that transaction's status, still within the unit's slot, until :data:`WAIT_S` has
-passed:
+id, with the server's incarnation. If the COMMIT fails with a lost connection or a timeout, a
+connection from the same engine asks the server for that transaction's status, still within the
+unit's slot, until :data:`WAIT_S` has passed:
 
 - ``committed``: the unit succeeded, by :class:`~boundeddb._core.attempts.CommitVerified`.
 - ``aborted``: the attempt failed with nothing committed, and the retry policy decides.
 - ``in progress`` or no answer: ask again after a pause.
 - ``NULL``, or still unknown when the wait is over: ``commit_unknown``, as without verification.
+- ``committed`` of an id that the server may have handed out again, having restarted or recovered
+  from a crash since the id was read (:data:`~boundeddb._dialects.base.COMMITTED_SINCE_RESTART`):
+  ``commit_unknown`` at once. The dialect's SQL decides what else survives a crash.
 
 ``docs/how-to/verify-commits.md`` says when to turn it on and what it costs.
 """
@@ -31,7 +34,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .._core.attempts import CommitUnknown, CommitVerified
-from .._dialects import Dialect
+from .._dialects import COMMITTED_SINCE_RESTART, Dialect
 
 __all__ = ["WAIT_S", "CommitVerifier", "bind_script", "verified_async", "verified_sync"]
 
@@ -89,12 +92,19 @@ class CommitVerifier:
         if status == "aborted":
             logger.info("unit %d: a COMMIT whose connection was lost: the server aborted it", index)
             return CommitVerified(unknown.error, committed=False)
+        if status == COMMITTED_SINCE_RESTART:
+            self._give_up(unknown, index, status)
         logger.debug("unit %d: a COMMIT whose connection was lost: %s; asking again", index, status)
         return None
 
     def _give_up(self, unknown: CommitUnknown, index: int, status: object) -> NoReturn:
         if status is None:
             why = "the server no longer knows its transaction"
+        elif status == COMMITTED_SINCE_RESTART:
+            why = (
+                "the server restarted or recovered from a crash since its transaction id was read, and "
+                "says 'committed' of an id it may have handed out again to another transaction"
+            )
         elif status == _NO_ANSWER:
             why = f"no answer within {self.wait_s} s"
         else:
