@@ -117,12 +117,16 @@ class Caller:
             assert rows == int(outcome.ok), f"{what}: the hook was told ok={outcome.ok}, and {rows} rows"
 
 
-def how_params(cases: list[tuple[str, str]]) -> list[Any]:
-    """``(case, backend, how)``: each case by a cancel scope, and under asyncio by ``Task.cancel()`` too."""
+def how_params(cases: list[tuple[str, str]], *, twice: bool = False) -> list[Any]:
+    """
+    ``(case, backend, how)``: each case by a cancel scope, and under asyncio by ``Task.cancel()``
+    too, and with ``twice``, by two of them.
+    """
+    native = ["task", "task-twice"] if twice else ["task"]
     return [
         pytest.param(case, backend, how, id=f"{case}-{backend}-{how}", marks=[pytest.mark.postgres])
         for case, backend in cases
-        for how in (["scope", "task"] if backend == "asyncio" else ["scope"])
+        for how in (["scope", *native] if backend == "asyncio" else ["scope"])
     ]
 
 
@@ -167,19 +171,28 @@ async def test_a_cancelled_follower_then_its_cancelled_leader_leave_only_the_wai
     assert_no_leaks(bkit)
 
 
-@every(PG_CASES)
-async def test_a_batch_cancelled_during_its_commit_tells_each_caller_it_committed(bkit: BatchKit) -> None:
-    """A follower's and the leader's submit() cancelled while their batch's COMMIT runs: both hear ok."""
+@pytest.mark.parametrize(("case", "anyio_backend", "how"), how_params(PG_CASES, twice=True))
+async def test_a_batch_cancelled_during_its_commit_tells_each_caller_it_committed(
+    bkit: BatchKit, how: str
+) -> None:
+    """
+    A follower's and the leader's submit() cancelled while their batch's COMMIT runs (``task-twice``:
+    by two Task.cancel() each, the second while they wait): both hear ok, and raise the cancellation.
+    """
     runner = bkit.runner(limit=2, batch=BatchPolicy(size=3, linger=LONG_LINGER))
     with slow_commits(bkit.admin(), 1.0), anyio.fail_after(30):
         async with anyio.create_task_group() as group:
-            a, b, c = callers = [Caller(runner, bkit.good(i)) for i in range(3)]
+            a, b, c = callers = [Caller(runner, bkit.good(i), how.removesuffix("-twice")) for i in range(3)]
             for caller in callers:
                 group.start_soon(caller.run)
                 await anyio.wait_all_tasks_blocked()
             await anyio.to_thread.run_sync(wait_until, in_commit(bkit), 10, "the batch's COMMIT")
             b.cancel()
             a.cancel()
+            if how.endswith("twice"):
+                await anyio.wait_all_tasks_blocked()
+                b.cancel()
+                a.cancel()
     assert (a.cancelled, b.cancelled, c.cancelled) == (True, True, False)
     assert [(o.ok, o.value) for caller in callers for o in caller.heard] == [
         (True, 0),
@@ -200,13 +213,14 @@ def _transient_once(bkit: BatchKit, i: int) -> Any:
 
 
 @pytest.mark.parametrize("when", ["statement", "commit", "retried-commit"])
-@pytest.mark.parametrize(("case", "anyio_backend", "how"), how_params(PG_CASES))
+@pytest.mark.parametrize(("case", "anyio_backend", "how"), how_params(PG_CASES, twice=True))
 async def test_a_lone_submit_cancelled_during_its_commit_hears_it_and_one_cancelled_before_never_commits(
     bkit: BatchKit, how: str, when: str
 ) -> None:
     """
     Without batch=: cancelled while its unit's statement runs, no hook and no row; cancelled while
     its COMMIT runs (also the COMMIT of a retried attempt), the hook hears ok and the row is there.
+    ``task-twice``: a second Task.cancel() while the call winds down changes neither.
     """
     retry = RetryPolicy(attempts=3, initial_delay=0, jitter=False, retry_on=is_transient)
     runner = bkit.runner(limit=2, retry=retry)
@@ -216,11 +230,14 @@ async def test_a_lone_submit_cancelled_during_its_commit_hears_it_and_one_cancel
         unit = bkit.good(0) if when == "commit" else _transient_once(bkit, 0)
         moment, what = in_commit(bkit), "its COMMIT"
     with slow_commits(bkit.admin(), 1.0), anyio.fail_after(30):
-        caller = Caller(runner, unit, how)
+        caller = Caller(runner, unit, how.removesuffix("-twice"))
         async with anyio.create_task_group() as group:
             group.start_soon(caller.run)
             await anyio.to_thread.run_sync(wait_until, moment, 10, what)
             caller.cancel()
+            if how.endswith("twice"):
+                await anyio.wait_all_tasks_blocked()
+                caller.cancel()
     assert caller.cancelled
     if when == "statement":
         assert caller.heard == []

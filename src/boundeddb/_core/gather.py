@@ -143,7 +143,10 @@ class Gather:
                 while call.outcome is None and call.state == _TAKEN:
                     if call.woken.is_set():
                         call.woken = anyio.Event()
-                    await call.woken.wait()
+                    try:
+                        await call.woken.wait()
+                    except anyio.get_cancelled_exc_class():
+                        pass  # a second native cancellation, which no shield stops: the first one goes on
         outcome = call.outcome
         if hook is not None and outcome is not None and not isinstance(outcome.error, Withdrawn):
             tell_cancelled(hook, outcome)

@@ -144,10 +144,14 @@ async def in_caller(
     try:
         await anyio.to_thread.run_sync(call.run, abandon_on_cancel=True, limiter=limiter)
     except anyio.get_cancelled_exc_class() as cancelled:
-        # In a task of its own: anyio's group waits for it through a second native cancellation.
+        # In a task of its own: anyio's group waits for it through a second native cancellation,
+        # which then goes no further: the first one is raised, or held while the unit settles.
         with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as group:
-                group.start_soon(_wind_down, worker.handle, call, dialect, url)
+            try:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(_wind_down, worker.handle, call, dialect, url)
+            except anyio.get_cancelled_exc_class():
+                pass
         team = worker.in_caller
         if team is None or worker.retry is not None or not call.may_have_committed():
             raise  # nothing of it committed: stopped, failed, or a lane whose unit is owed a retry
