@@ -130,9 +130,43 @@ def how_params(cases: list[tuple[str, str]], *, twice: bool = False) -> list[Any
     ]
 
 
-def in_commit(bkit: BatchKit) -> Callable[[], bool]:
-    """Whether one of the test's connections is in a COMMIT on the server."""
-    return lambda: bkit.db.running("COMMIT%") >= 1
+class Moments:
+    """Where a test's cancellations wait: units started, units returned, COMMITs begun (from any thread)."""
+
+    def __init__(self, bkit: BatchKit, engine: Any) -> None:
+        self._from_thread = not bkit.is_async
+        self.started = self.returned = self.commits = Countdown(0, from_thread=self._from_thread)
+        #: Called in the thread that commits, after the batch's check for withdrawn units, before its COMMIT.
+        self.at_commit: Callable[[], None] | None = None
+        event.listen(getattr(engine, "sync_engine", engine), "commit", self._on_commit)
+        self._engine = engine
+
+    def arm(self, started: int, returned: int, commits: int) -> None:
+        self.started = Countdown(started, from_thread=self._from_thread)
+        self.returned = Countdown(returned, from_thread=self._from_thread)
+        self.commits = Countdown(commits, from_thread=self._from_thread)
+        self.at_commit = None
+
+    def _on_commit(self, _connection: Any) -> None:
+        self.commits.arrive()  # before the COMMIT goes out (SQLAlchemy's commit event)
+        at_commit, self.at_commit = self.at_commit, None
+        if at_commit is not None:
+            at_commit()
+
+    def close(self) -> None:
+        event.remove(getattr(self._engine, "sync_engine", self._engine), "commit", self._on_commit)
+
+
+async def first_of(*events: anyio.Event) -> None:
+    """Wait until one of ``events`` is set."""
+    async with anyio.create_task_group() as group:
+
+        async def wait(event_: anyio.Event) -> None:
+            await event_.wait()
+            group.cancel_scope.cancel()
+
+        for event_ in events:
+            group.start_soon(wait, event_)
 
 
 # -- a batch's leader and follower, cancelled in turn ---------------------------------------------------
@@ -180,19 +214,26 @@ async def test_a_batch_cancelled_during_its_commit_tells_each_caller_it_committe
     by two Task.cancel() each, the second while they wait): both hear ok, and raise the cancellation.
     """
     runner = bkit.runner(limit=2, batch=BatchPolicy(size=3, linger=LONG_LINGER))
-    with slow_commits(bkit.admin(), 1.0), anyio.fail_after(30):
-        async with anyio.create_task_group() as group:
-            a, b, c = callers = [Caller(runner, bkit.good(i), how.removesuffix("-twice")) for i in range(3)]
-            for caller in callers:
-                group.start_soon(caller.run)
-                await anyio.wait_all_tasks_blocked()
-            await anyio.to_thread.run_sync(wait_until, in_commit(bkit), 10, "the batch's COMMIT")
-            b.cancel()
-            a.cancel()
-            if how.endswith("twice"):
-                await anyio.wait_all_tasks_blocked()
+    moments = Moments(bkit, bkit.engine)
+    moments.arm(0, 0, 1)
+    try:
+        with slow_commits(bkit.admin(), 1.0), anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                a, b, c = callers = [
+                    Caller(runner, bkit.good(i), how.removesuffix("-twice")) for i in range(3)
+                ]
+                for caller in callers:
+                    group.start_soon(caller.run)
+                    await anyio.wait_all_tasks_blocked()
+                await moments.commits.event.wait()  # its COMMIT goes out, and the trigger holds it 1 s
                 b.cancel()
                 a.cancel()
+                if how.endswith("twice"):
+                    await anyio.wait_all_tasks_blocked()
+                    b.cancel()
+                    a.cancel()
+    finally:
+        moments.close()
     assert (a.cancelled, b.cancelled, c.cancelled) == (True, True, False)
     assert [(o.ok, o.value) for caller in callers for o in caller.heard] == [
         (True, 0),
@@ -224,20 +265,28 @@ async def test_a_lone_submit_cancelled_during_its_commit_hears_it_and_one_cancel
     """
     retry = RetryPolicy(attempts=3, initial_delay=0, jitter=False, retry_on=is_transient)
     runner = bkit.runner(limit=2, retry=retry)
+    moments = Moments(bkit, bkit.engine)
+    moments.arm(0, 0, 1)
     if when == "statement":
-        unit, moment, what = bkit.sleeper(0, 30), lambda: bkit.db.sleeping() == 1, "the unit asleep"
+        unit = bkit.sleeper(0, 30)
     else:
         unit = bkit.good(0) if when == "commit" else _transient_once(bkit, 0)
-        moment, what = in_commit(bkit), "its COMMIT"
-    with slow_commits(bkit.admin(), 1.0), anyio.fail_after(30):
-        caller = Caller(runner, unit, how.removesuffix("-twice"))
-        async with anyio.create_task_group() as group:
-            group.start_soon(caller.run)
-            await anyio.to_thread.run_sync(wait_until, moment, 10, what)
-            caller.cancel()
-            if how.endswith("twice"):
-                await anyio.wait_all_tasks_blocked()
+    try:
+        with slow_commits(bkit.admin(), 1.0), anyio.fail_after(30):
+            caller = Caller(runner, unit, how.removesuffix("-twice"))
+            async with anyio.create_task_group() as group:
+                group.start_soon(caller.run)
+                if when == "statement":
+                    asleep = lambda: bkit.db.sleeping() == 1  # noqa: E731
+                    await anyio.to_thread.run_sync(wait_until, asleep, 10, "the unit asleep")
+                else:
+                    await moments.commits.event.wait()  # its COMMIT goes out, and the trigger holds it 1 s
                 caller.cancel()
+                if how.endswith("twice"):
+                    await anyio.wait_all_tasks_blocked()
+                    caller.cancel()
+    finally:
+        moments.close()
     assert caller.cancelled
     if when == "statement":
         assert caller.heard == []
@@ -283,45 +332,6 @@ async def test_a_submit_cancelled_while_its_lost_commit_is_asked_about_hears_com
 
 
 # -- races at many seeds ---------------------------------------------------------------------------------
-
-
-class Moments:
-    """Where a race's cancellations wait: units started, units returned, COMMITs begun (from any thread)."""
-
-    def __init__(self, bkit: BatchKit, engine: Any) -> None:
-        self._from_thread = not bkit.is_async
-        self.started = self.returned = self.commits = Countdown(0, from_thread=self._from_thread)
-        #: Called in the thread that commits, after the batch's check for withdrawn units, before its COMMIT.
-        self.at_commit: Callable[[], None] | None = None
-        event.listen(getattr(engine, "sync_engine", engine), "commit", self._on_commit)
-        self._engine = engine
-
-    def arm(self, started: int, returned: int, commits: int) -> None:
-        self.started = Countdown(started, from_thread=self._from_thread)
-        self.returned = Countdown(returned, from_thread=self._from_thread)
-        self.commits = Countdown(commits, from_thread=self._from_thread)
-        self.at_commit = None
-
-    def _on_commit(self, _connection: Any) -> None:
-        self.commits.arrive()  # before the COMMIT goes out (SQLAlchemy's commit event)
-        at_commit, self.at_commit = self.at_commit, None
-        if at_commit is not None:
-            at_commit()
-
-    def close(self) -> None:
-        event.remove(getattr(self._engine, "sync_engine", self._engine), "commit", self._on_commit)
-
-
-async def first_of(*events: anyio.Event) -> None:
-    """Wait until one of ``events`` is set."""
-    async with anyio.create_task_group() as group:
-
-        async def wait(event_: anyio.Event) -> None:
-            await event_.wait()
-            group.cancel_scope.cancel()
-
-        for event_ in events:
-            group.start_soon(wait, event_)
 
 
 async def race_once(bkit: BatchKit, runner: Any, moments: Moments, seed: int, base: int, backend: str) -> str:
