@@ -56,9 +56,10 @@ NO_SERVER_TESTS = [
 #: .ci/run's slice through PgBouncer in front of the embedded server.
 PGBOUNCER_TESTS = ["tests/stacks/test_pgbouncer.py"]
 #: What `nox -s soak` repeats: the cancellation and fault tests, on PostgreSQL and MariaDB
-#: (tests/faults/test_cancel_leaves_no_transaction.py among them). Never in CI: one round of the
-#: quick ones takes about 2 minutes here, so 30 rounds take an hour.
-SOAK_TESTS = ["tests/runners/test_cancellation.py", "tests/faults"]
+#: (tests/faults/test_cancel_leaves_no_transaction.py among them), and what a cancelled submit()
+#: tells its caller. Never in CI: one round of the quick ones takes about 2 minutes here, so 30
+#: rounds take an hour.
+SOAK_TESTS = ["tests/runners/test_cancellation.py", "tests/runners/test_submit_cancel.py", "tests/faults"]
 
 #: What the sdist must hold (as a prefix of each member's path within its top folder), and what it
 #: must not; the wheel must hold the package, py.typed and LICENSE.

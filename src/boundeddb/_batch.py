@@ -30,9 +30,13 @@ class BatchPolicy:
             A ``submit()`` with ``priority > 0`` is never held by it.
 
     Concurrent :meth:`~boundeddb.SemaphoreRunner.submit` calls share batches: each returns its own
-    unit's value, or raises its own exception, once its batch committed. A ``submit()`` that is
-    cancelled withdraws its unit, which never commits: the batch it is in, if it began, stops before
-    its next unit or its COMMIT and runs the other units again without it.
+    unit's value, or raises its own exception, once its batch committed. What counts for a
+    ``submit()`` that is cancelled is its batch's COMMIT being sent. Cancelled before, it withdraws
+    its unit, which never commits, even if the unit had returned: the batch, if it began, stops
+    before its next unit or its COMMIT and runs the other units again without it. Cancelled once
+    the COMMIT had begun, it cannot take its unit back: it waits for the batch's outcome, calls its
+    ``on_outcome`` with its unit's (ok, failed, or ``commit_unknown``), then raises the cancellation.
+    So a cancelled ``submit()`` whose ``on_outcome`` was not called did not commit and never will.
 
     .. versionadded:: 0.3.0
     """

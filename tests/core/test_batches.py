@@ -19,13 +19,14 @@ from trio.testing import MockClock
 
 from boundeddb import BatchPolicy, RetryPolicy, RunFailed
 from boundeddb._core.attempts import Attempts, CommitUnknown
-from boundeddb._core.batches import Batches, BatchUnitFailed, Withdrawn
+from boundeddb._core.batches import Batches, BatchUnitFailed, BatchUnits
 from boundeddb._core.gather import Gather
 from boundeddb._core.limiter import Limiter, Slot
 from boundeddb._core.pacing import SlidingWindow, Worker, drive
 from boundeddb._core.recorder import Recorder
 from boundeddb._core.run import Run
 from boundeddb._core.sinks import CallbackSink, ListSink
+from boundeddb._core.withdrawals import Withdrawals, Withdrawn
 from boundeddb._outcome import Outcome, RunReport
 from tests.support.fakes import FakeExecutor, NoPool
 
@@ -98,6 +99,9 @@ class FakeBatchExecutor(FakeExecutor):
         super().__init__(attempts)
         self.store = store
         self.executed: list[int] = []
+        #: Seconds a batch's COMMIT takes once it began, and what is called as it begins.
+        self.commit_seconds = 0.0
+        self.committing: Callable[[], None] | None = None
         self.serve = Batches(  # type: ignore[method-assign]
             policy, attempts, self.attempt, self.attempt_batch, self.attempt_pinpointing
         ).serve
@@ -110,12 +114,12 @@ class FakeBatchExecutor(FakeExecutor):
         return value
 
     async def attempt_batch(
-        self, worker: Worker, units: list[tuple[Any, int]], first: int, *, flush_each: bool = False
+        self, worker: Worker, units: BatchUnits, first: int, *, flush_each: bool = False
     ) -> list[Any]:
         tx = Tx(self.store)
         values = []
         for position, (unit, index) in enumerate(units):
-            if index in units.withdrawn:
+            if index in units.withdrawals.indexes:
                 raise BatchUnitFailed(position, Withdrawn(index))
             self.executed.append(index)
             try:
@@ -124,14 +128,17 @@ class FakeBatchExecutor(FakeExecutor):
                     tx.flush()
             except Exception as error:
                 raise BatchUnitFailed(position, error) from None
-        if (position := units.first_withdrawn()) is not None:
+        if (position := units.withdrawals.commit_begins(units)) is not None:
             raise BatchUnitFailed(position, Withdrawn(units[position][1]))
+        if self.committing is not None:
+            self.committing()
+        if self.commit_seconds:  # a cancelled run lets a COMMIT that began finish, as the executors do
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(self.commit_seconds)
         self.store.commit(tx)
         return values
 
-    async def attempt_pinpointing(
-        self, worker: Worker, units: list[tuple[Any, int]], first: int
-    ) -> list[Any]:
+    async def attempt_pinpointing(self, worker: Worker, units: BatchUnits, first: int) -> list[Any]:
         return await self.attempt_batch(worker, units, first, flush_each=True)
 
 
@@ -308,18 +315,23 @@ class Gathered:
         priority: int,
         settled: Callable[[Outcome[Any]], None],
         slot: Slot,
-        withdrawn: set[int],
+        withdrawals: Withdrawals,
     ) -> None:
         self.batches.append(len(units))
         run = Run(
             units, CallbackSink(settled), check=self.executor.check, stop_on_failure=False,
             recorder=Recorder(NoPool()), priority=priority,
         )  # fmt: skip
-        run.withdrawn = withdrawn
+        run.withdrawals = withdrawals
         await drive(run, self.executor, self.attempts, SlidingWindow(), self.limiter, 1, slot=slot)
 
-    async def submit(self, unit: Unit, priority: int = 0) -> Any:
-        return (await self.gather.submit(unit, priority)).unwrap()
+    async def submit(
+        self, unit: Unit, priority: int = 0, hook: Callable[[Outcome[Any]], object] | None = None
+    ) -> Any:
+        outcome = await self.gather.submit(unit, priority, hook)
+        if hook is not None:  # as submit_unit() does once the call returns
+            hook(outcome)
+        return outcome.unwrap()
 
 
 async def test_concurrent_submits_share_batches_and_each_gets_its_own_value() -> None:
@@ -463,3 +475,95 @@ async def test_a_leader_cancelled_mid_batch_leaves_the_others_to_the_next_leader
         leader_scope.cancel()
     assert sorted(values) == ["k0", "k1", "k2"]
     assert sorted(store.rows) == ["k0", "k1", "k2"]
+
+
+def until_cancelled(key: str, started: anyio.Event) -> Unit:
+    """Writes ``key``, says it started, then waits until its batch is cancelled."""
+
+    async def unit(tx: Tx) -> str:
+        tx.write(key, 1)
+        started.set()
+        await anyio.sleep_forever()
+        return key  # pragma: no cover
+
+    return unit
+
+
+async def test_a_call_cancelled_after_its_unit_returned_still_withdraws_it() -> None:
+    """A follower whose unit returned gives up while a later unit of its batch runs: it never commits."""
+    store = Store()
+    gathered = Gathered(store, size=2, linger=0.01)
+    started, quitter, heard = anyio.Event(), anyio.CancelScope(), []  # type: list[Outcome[Any]]
+    leader_scope = anyio.CancelScope()
+
+    async def quitting() -> None:
+        with quitter:
+            await gathered.submit(writer("quitter"), hook=heard.append)
+
+    async def leader() -> None:
+        with leader_scope:
+            await gathered.submit(until_cancelled("leader", started))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(quitting)  # position 0: it leads, and its unit returns first
+        await anyio.wait_all_tasks_blocked()
+        group.start_soon(leader)
+        await started.wait()  # the quitter's unit returned; the batch runs the next one
+        quitter.cancel()
+        await anyio.wait_all_tasks_blocked()
+        leader_scope.cancel()
+    assert quitter.cancelled_caught
+    assert heard == []
+    assert store.rows == {}
+
+
+async def test_a_withdrawn_call_is_not_put_back_when_its_leader_is_cancelled() -> None:
+    """B gives up, then its leader A: the batch rolls back, and only C, whose caller waits, commits."""
+    store = Store()
+    gathered = Gathered(store, size=3, linger=0.01)
+    started = anyio.Event()
+    scopes = {name: anyio.CancelScope() for name in "ABC"}
+    values: list[Any] = []
+
+    async def call(name: str, unit: Unit) -> None:
+        with scopes[name]:
+            values.append(await gathered.submit(unit))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(call, "A", until_cancelled("A", started))
+        await anyio.wait_all_tasks_blocked()
+        group.start_soon(call, "B", writer("B"))
+        group.start_soon(call, "C", writer("C"))
+        await started.wait()
+        scopes["B"].cancel()
+        await anyio.wait_all_tasks_blocked()
+        scopes["A"].cancel()
+    assert values == ["C"]
+    assert store.rows == {"C": 1}
+
+
+async def test_a_call_cancelled_while_its_batch_commits_waits_and_hears_it_committed() -> None:
+    """A follower and the leader cancelled while their batch's COMMIT runs: both hooks hear ok, once."""
+    store = Store()
+    gathered = Gathered(store, size=2, linger=0.01)
+    gathered.executor.commit_seconds = 1.0
+    committing = anyio.Event()
+    gathered.executor.committing = committing.set
+    scopes = [anyio.CancelScope(), anyio.CancelScope()]
+    heard: list[list[Outcome[Any]]] = [[], []]
+
+    async def call(i: int) -> None:
+        with scopes[i]:
+            await gathered.submit(writer(f"k{i}"), hook=heard[i].append)
+
+    async with anyio.create_task_group() as group:
+        for i in range(2):
+            group.start_soon(call, i)
+        await committing.wait()
+        scopes[1].cancel()
+        scopes[0].cancel()
+    # The follower's cancellation is too late to withdraw its unit; the leader, on trio, may return
+    # before a checkpoint delivers its own, and then its hook hears the outcome as a call's does.
+    assert any(scope.cancelled_caught for scope in scopes)
+    assert [[(o.ok, o.value) for o in told] for told in heard] == [[(True, "k0")], [(True, "k1")]]
+    assert store.rows == {"k0": 1, "k1": 1}

@@ -369,6 +369,38 @@ def assert_no_open_transactions(admin: Engine, app: str, where: str, timeout: fl
 
 
 @contextmanager
+def slow_commits(admin: Engine, seconds: float, *, every: int = 0) -> Iterator[None]:
+    """
+    A deferred constraint trigger on ``items`` (PostgreSQL) that sleeps ``seconds`` in a COMMIT, so
+    that a test can act while the COMMIT runs: for the first row inserted (``every=0``), or for
+    every ``every``-th row (the trigger fires at COMMIT, once per row the transaction inserted).
+    """
+    which = "= 1" if every == 0 else f"% {int(every)} = 0"
+    with admin.connect() as connection:
+        connection.execute(text("CREATE SEQUENCE slow_commit_rows"))
+        connection.execute(
+            text(
+                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS "
+                f"$$ BEGIN IF nextval('slow_commit_rows') {which} THEN "
+                f"PERFORM pg_sleep({float(seconds)}); END IF; RETURN NULL; END $$"
+            )
+        )
+        connection.execute(
+            text(
+                "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON items "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
+            )
+        )
+    try:
+        yield
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text("DROP TRIGGER IF EXISTS slow_commit ON items"))
+            connection.execute(text("DROP FUNCTION IF EXISTS slow_commit()"))
+            connection.execute(text("DROP SEQUENCE IF EXISTS slow_commit_rows"))
+
+
+@contextmanager
 def no_warnings() -> Iterator[list[warnings.WarningMessage]]:
     """Record every warning (even ones the library might swallow when they are errors) and fail on any."""
     with warnings.catch_warnings(record=True) as caught:

@@ -23,6 +23,7 @@ from .._outcome import Outcome
 from .._telemetry import active
 from .limiter import Slot
 from .recorder import NullRecorder
+from .withdrawals import Withdrawn
 
 __all__ = [
     "Attempts",
@@ -159,6 +160,8 @@ class Attempts:
                 return Outcome(index, error.value, None, latency_s, wait_s, attempt, commit_verified=True)
             verified = True  # the server aborted it: a failed attempt like any other, and safe to retry
             error = error.error
+        elif isinstance(error, Withdrawn):  # its caller gave up (a batch's submit()): never run again
+            return Outcome(index, None, error, latency_s, wait_s, attempt)
         if self._failed is not None:
             own = error.error if isinstance(error, (ConnectFailed, CommitUnknown)) else error
             self._failed(own, latency_s)

@@ -12,6 +12,7 @@ exactly its retries, its timeout and its error.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from time import perf_counter
@@ -23,6 +24,7 @@ from .._outcome import Outcome
 from .attempts import AttemptFn, Attempts, CommitUnknown, CommitVerified, ConnectFailed, Retry
 from .pacing import EXHAUSTED, MORE, Served, Worker
 from .run import END, REFUSED, Pulled, Run
+from .withdrawals import NO_WITHDRAWALS, Withdrawals, Withdrawn
 
 __all__ = [
     "BatchAttemptFn",
@@ -41,23 +43,14 @@ Pending = tuple[Any, int]
 
 
 class BatchUnits(list[Pending]):
-    """The units of one batch's attempt, and the indexes of those whose caller gave up meanwhile."""
+    """The units of one batch's attempt, and the withdrawals of their run (see ``withdrawals.py``)."""
 
-    __slots__ = ("withdrawn",)
+    __slots__ = ("withdrawals",)
 
-    def __init__(self, units: list[Pending], withdrawn: set[int]) -> None:
+    def __init__(self, units: list[Pending], withdrawals: Withdrawals) -> None:
         super().__init__(units)
-        #: Shared with the run and its ``submit()`` calls: it may grow while the attempt runs.
-        self.withdrawn = withdrawn
-
-    def first_withdrawn(self) -> int | None:
-        """The position of the first unit whose caller gave up, if any."""
-        withdrawn = self.withdrawn
-        if withdrawn:
-            for position, (_, index) in enumerate(self):
-                if index in withdrawn:
-                    return position
-        return None
+        #: Shared with the run and its ``submit()`` calls: units may be withdrawn while the attempt runs.
+        self.withdrawals = withdrawals
 
 
 #: One attempt of a batch by a worker: the units' values in order, or it raises.
@@ -65,13 +58,6 @@ BatchAttemptFn = Callable[[Any, BatchUnits, int], Awaitable[list[Any]]]
 
 #: What a batch's first attempt, made elsewhere, raised, and when that attempt started (perf_counter).
 Failure = tuple[Exception, float]
-
-
-class Withdrawn(Exception):
-    """A unit whose ``submit()`` was cancelled before its batch committed: it never commits."""
-
-    def __init__(self, index: int) -> None:
-        super().__init__(f"unit {index}'s submit() was cancelled before its batch committed: rolled back")
 
 
 class BatchUnitFailed(Exception):
@@ -193,22 +179,44 @@ class Batches:
     async def _alone(self, run: Run[Any], worker: Worker, pending: Pending, wait_s: float) -> None:
         """One unit in its own transaction, with its own retries: as without batches."""
         unit, index = pending
-        if index in run.withdrawn:
+        withdrawals = run.withdrawals
+        if index in withdrawals.indexes:
             run.finish(Outcome(index, None, Withdrawn(index), 0.0, wait_s, 0))
             return
+        attempt = self._attempt
+        if withdrawals is not NO_WITHDRAWALS:  # a submit()'s: its caller may withdraw it until its COMMIT
+            attempt = functools.partial(self._withdrawable, withdrawals)
         started = perf_counter()
         try:
-            value = await self._attempt(worker, unit, index)
+            value = await attempt(worker, unit, index)
         except Exception as error:
             settled = self._attempts.settle(error, index, 1, perf_counter() - started, wait_s)
             if not isinstance(settled, Outcome):
                 retry = Retry(unit, index, 2, settled, wait_s)
-                settled = await self._attempts.rest(self._attempt, worker, worker.slot, run.recorder, retry)
+                settled = await self._attempts.rest(attempt, worker, worker.slot, run.recorder, retry)
         else:
             settled = Outcome(index, value, None, perf_counter() - started, wait_s)
         if settled.error is None:
             run.recorder.batch_committed()
         run.finish(settled)
+
+    async def _withdrawable(self, withdrawals: Withdrawals, worker: Worker, unit: Any, index: int) -> Any:
+        """
+        One attempt of a ``submit()``'s unit alone: as a batch of one, whose script checks that its
+        caller has not withdrawn it and marks its COMMIT begun in one step. It fails as the unit would
+        alone, with the unit's own error, or with :class:`Withdrawn`, which is not retried.
+        """
+        try:
+            values = await self._attempt_batch(worker, BatchUnits([(unit, index)], withdrawals), index)
+        except BatchUnitFailed as failed:
+            error = failed.error
+        except CommitVerified as verified:
+            if verified.committed:  # the server committed the batch of one: its value, not the list
+                verified.value = verified.value[0]
+            raise
+        else:
+            return values[0]
+        raise error  # outside the handler: the unit's own exception keeps its own context
 
     async def _attempt_group(
         self,
@@ -235,7 +243,7 @@ class Batches:
                 if failure is not None:
                     error, failure = failure[0], None
                     raise error
-                values = await attempt_batch(worker, BatchUnits(group, run.withdrawn), group[0][1])
+                values = await attempt_batch(worker, BatchUnits(group, run.withdrawals), group[0][1])
             except BatchUnitFailed as failed:
                 ran = failed.position + 1
                 if isinstance(failed.error, Withdrawn):  # its caller is gone: it is not run again

@@ -23,7 +23,15 @@ from .._outcome import Outcome
 from .limiter import Limiter
 from .recorder import NullRecorder, Recorder
 
-__all__ = ["DISPLAY_INTERVAL_S", "DRAIN_INTERVAL_S", "Display", "Feedback", "Figures", "OutcomeHook"]
+__all__ = [
+    "DISPLAY_INTERVAL_S",
+    "DRAIN_INTERVAL_S",
+    "Display",
+    "Feedback",
+    "Figures",
+    "OutcomeHook",
+    "tell_cancelled",
+]
 
 logger = logging.getLogger("boundeddb.hooks")
 
@@ -70,6 +78,20 @@ class OutcomeHook:
             logger.debug("on_outcome raised %s at unit %d: stopping the run", name, outcome.index)
             self.error = error
             self._stop()
+
+
+def tell_cancelled(fn: Callable[[Outcome[Any]], object], outcome: Outcome[Any]) -> None:
+    """
+    A cancelled ``submit()``'s own ``on_outcome``, told what became of its unit, which had settled.
+
+    The cancellation goes on whatever ``fn`` does: what it raises is logged, not raised.
+    """
+    try:
+        fn(outcome)
+    except Exception:
+        logger.warning(
+            "on_outcome of a cancelled submit() raised: ignored, the cancellation goes on", exc_info=True
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,10 +9,13 @@ at once, each under the runner's limit, and while every slot is busy the queue f
 the runner, the fuller its batches, also with ``linger=0``.
 
 A call cancelled before its unit was taken withdraws it: it never runs. A call cancelled while its
-batch runs withdraws its unit too: the batch fails before its COMMIT, and ``batches.py`` runs the
-other units again without it. A leader cancelled while its batch runs rolls that batch back, as any
-cancelled run does, and puts the other callers' units back at the head of the queue, where the next
-leader takes them: they are not lost.
+batch runs withdraws its unit too, unless the batch's COMMIT had begun (``withdrawals.py``): the
+batch fails before its next unit or its COMMIT, and ``batches.py`` runs the other units again
+without it. Once the COMMIT had begun, the unit cannot be taken back: the call waits, shielded, for
+its outcome, and tells its ``on_outcome`` hook before the cancellation goes on. A leader cancelled
+while its batch runs rolls that batch back, as any cancelled run does (a COMMIT that had begun
+finishes), and puts back at the head of the queue only the units of callers that still wait, where
+the next leader takes them: they are not lost, and a withdrawn unit never runs again.
 """
 
 from __future__ import annotations
@@ -22,16 +25,19 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .feedback import tell_cancelled
 from .limiter import Limiter, Slot
+from .withdrawals import NO_WITHDRAWALS, Withdrawals, Withdrawn
 
 if TYPE_CHECKING:
     from .._outcome import Outcome
 
     #: Runs the units at ``priority`` as one batch on the slot, handing each outcome, indexed by
-    #: position, to the callback as it settles. The positions in the set are withdrawn meanwhile.
+    #: position, to the callback as it settles. Their callers may withdraw them meanwhile.
     #: Only for the type checker: ``Outcome[Any]`` built at import would name ``Outcome`` by its
     #: private module in the runners' signatures that Sphinx shows.
-    RunBatch = Callable[[list[Any], int, Callable[[Outcome[Any]], None], Slot, set[int]], Awaitable[None]]
+    RunBatch = Callable[[list[Any], int, Callable[[Outcome[Any]], None], Slot, Withdrawals], Awaitable[None]]
+    Hook = Callable[[Outcome[Any]], object]
 
 __all__ = ["Gather", "TakenSlot"]
 
@@ -46,22 +52,26 @@ class TakenSlot(Slot):
             await super().take()
 
 
+#: Where a call is: in the queue, in a batch that runs, or done with (settled, or given up).
+_QUEUED, _TAKEN, _DONE = range(3)
+
+
 class _Call:
     """One waiting ``submit()``."""
 
-    __slots__ = ("outcome", "position", "taken", "unit", "withdrawn", "woken")
+    __slots__ = ("outcome", "position", "state", "unit", "withdrawals", "woken")
 
     def __init__(self, unit: Any) -> None:
         self.unit = unit
         self.outcome: Outcome[Any] | None = None
-        #: In a batch that runs now or ran: no longer in the queue.
-        self.taken = False
-        #: Once taken: its position in its batch, and the batch's set of withdrawn positions.
+        self.state = _QUEUED
+        #: Once taken: its position in its batch, and the batch's withdrawals.
         self.position = -1
-        self.withdrawn: set[int] = set()
+        self.withdrawals = NO_WITHDRAWALS
         self.woken = anyio.Event()
 
     def wake(self) -> None:
+        """Its outcome settled, its batch ended, or the lead is free."""
         self.woken.set()
 
 
@@ -93,8 +103,13 @@ class Gather:
         self._queues: dict[int, _Queue] = {}
         self._closing = False
 
-    async def submit(self, unit: Any, priority: int) -> Outcome[Any]:
-        """Run ``unit`` in a batch with other calls' units, and return its own outcome."""
+    async def submit(self, unit: Any, priority: int, hook: Hook | None = None) -> Outcome[Any]:
+        """
+        Run ``unit`` in a batch with other calls' units, and return its own outcome.
+
+        ``hook``: the call's own ``on_outcome``, told the outcome if the call is cancelled once its
+        unit settled, or once its COMMIT had begun (see the module docstring).
+        """
         queue = self._queues.get(priority)
         if queue is None:
             queue = self._queues[priority] = _Queue()
@@ -104,20 +119,37 @@ class Gather:
             queue.filled.set()
         try:
             while call.outcome is None:
-                if not call.taken and queue.leader is None:
+                if call.state == _QUEUED and queue.leader is None:
                     await self._lead(queue, priority, call)
                 else:
                     if call.woken.is_set():
                         call.woken = anyio.Event()
                     await call.woken.wait()
         except BaseException:
-            if not call.taken:
-                queue.calls.remove(call)  # never started: it never runs
-                queue.hand_over()
-            elif call.outcome is None:  # its batch runs: it fails the batch before the COMMIT
-                call.withdrawn.add(call.position)
+            await self._give_up(queue, call, hook)
             raise
         return call.outcome
+
+    @staticmethod
+    async def _give_up(queue: _Queue, call: _Call, hook: Hook | None) -> None:
+        """``call``'s caller was cancelled: withdraw its unit, or wait for what its COMMIT did."""
+        if call.state == _QUEUED:  # never taken: it never runs
+            queue.calls.remove(call)
+            queue.hand_over()
+            return
+        if call.outcome is None and call.state == _TAKEN and not call.withdrawals.withdraw(call.position):
+            # Its batch's COMMIT had begun: the unit cannot be taken back. Hear what the server did.
+            with anyio.CancelScope(shield=True):
+                while call.outcome is None and call.state == _TAKEN:
+                    if call.woken.is_set():
+                        call.woken = anyio.Event()
+                    try:
+                        await call.woken.wait()
+                    except anyio.get_cancelled_exc_class():
+                        pass  # a second native cancellation, which no shield stops: the first one goes on
+        outcome = call.outcome
+        if hook is not None and outcome is not None and not isinstance(outcome.error, Withdrawn):
+            tell_cancelled(hook, outcome)
 
     def close(self) -> None:
         """Start every waiting batch now: nothing submitted lingers once the runner closes."""
@@ -138,9 +170,9 @@ class Gather:
             await slot.take()  # meanwhile, more calls may queue: they join this batch
             taken = queue.calls[: self._size]
             del queue.calls[: self._size]
-            withdrawn: set[int] = set()
+            withdrawals = Withdrawals()
             for position, call in enumerate(taken):
-                call.taken, call.position, call.withdrawn = True, position, withdrawn
+                call.state, call.position, call.withdrawals = _TAKEN, position, withdrawals
         except BaseException:
             slot.give()
             raise
@@ -149,16 +181,23 @@ class Gather:
             queue.hand_over()
 
         def settled(outcome: Outcome[Any]) -> None:
-            taken[outcome.index].outcome = outcome
+            call = taken[outcome.index]
+            call.outcome = outcome
+            call.wake()
 
         try:
-            await self._run_batch([call.unit for call in taken], priority, settled, slot, withdrawn)
+            await self._run_batch([call.unit for call in taken], priority, settled, slot, withdrawals)
         finally:
             slot.give()  # if the run never began
-            unsettled = [call for call in taken if call.outcome is None and call is not me]
-            for call in unsettled:  # the leader was cancelled: back to the head of the queue
-                call.taken = False
-            queue.calls[:0] = unsettled
+            back: list[_Call] = []
+            withdrawn = withdrawals.indexes
             for call in taken:
-                call.wake()
+                if call.outcome is None:  # the leader was cancelled
+                    if call is me or call.position in withdrawn:
+                        call.state = _DONE  # its caller is gone, or waits to hear of a COMMIT that failed
+                    else:
+                        call.state = _QUEUED  # its caller waits: back to the head of the queue
+                        back.append(call)
+                    call.wake()
+            queue.calls[:0] = back
             queue.hand_over()

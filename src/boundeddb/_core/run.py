@@ -22,6 +22,7 @@ from .._telemetry import CallTelemetry
 from .ahead import END_OF_INPUT, ReadAhead
 from .recorder import NullRecorder
 from .settling import Settling, SinkT, failures_error
+from .withdrawals import NO_WITHDRAWALS, Withdrawals
 
 __all__ = [
     "END",
@@ -46,9 +47,6 @@ class Pulled(enum.Enum):
 END: Final = Pulled.END
 REFUSED: Final = Pulled.REFUSED
 
-
-#: No unit withdrawn: shared by every run that is not a batch of ``submit()`` calls, never written.
-_NONE_WITHDRAWN: Final[set[int]] = set()
 
 #: Checks a unit before it runs: ``None`` if it is fine, else what is wrong and how to fix it.
 UnitCheck = Callable[[object, int], "str | None"]
@@ -89,8 +87,8 @@ class Run(Settling[SinkT]):
         self.window = window
         #: None where the caller checked every unit already (a list, a tuple, a submit()'s unit).
         self._check = check
-        #: With ``batch=``: indexes of units whose ``submit()`` was cancelled, set by ``gather.py``.
-        self.withdrawn: set[int] = _NONE_WITHDRAWN
+        #: A batch of ``submit()`` calls': the units whose callers gave up, set by ``gather.py``.
+        self.withdrawals: Withdrawals = NO_WITHDRAWALS
         self._next_index = 0
         self._iterator: Iterator[Any] | None = None
         self._async_iterator: AsyncIterator[Any] | None = None

@@ -125,6 +125,14 @@ class AsyncWorker(Worker):
             self._grace.cancel()
             self._grace = None
 
+    def cancel_again(self) -> None:
+        """
+        Our cancellation was caught so that a unit settles (``verify.py``): it takes effect again at
+        the task's next await.
+        """
+        self._consume_cancel()
+        self._interrupt()
+
     def _consume_cancel(self) -> None:
         """Our own cancellation was seen, or swallowed by the unit: take it back."""
         if self.cancel_pending:

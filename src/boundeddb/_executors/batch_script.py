@@ -20,12 +20,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from .._core.attempts import CommitUnknown, ConnectFailed, UnitMisuse
-from .._core.batches import BatchUnitFailed, BatchUnits, Withdrawn
+from .._core.batches import BatchUnitFailed, BatchUnits
+from .._core.withdrawals import Withdrawn
 from .._dialects import STATEMENT_ENDED, Dialect
 from .._errors import UnitTimeout
 from .script import (
     AsyncGuard,
     DeadlinePassed,
+    Stopped,
     SyncGuard,
     close_async,
     close_sync,
@@ -72,10 +74,11 @@ async def attempt_batch_async(
     try:
         transaction = session.sync_session.begin()
         guard.connecting(first)
+        withdrawn = units.withdrawals.indexes
         for position, (unit, index) in enumerate(units):
             if position:
                 guard.next_unit(index)
-            if index in units.withdrawn:
+            if index in withdrawn:
                 raise BatchUnitFailed(position, Withdrawn(index))
             try:
                 result = unit(session)
@@ -106,7 +109,7 @@ async def attempt_batch_async(
         except Exception as error:
             note_failure(dialect, guard, error)
             raise
-        _check_withdrawn(units)
+        _commit_begins(units)  # no await of ours from here to the COMMIT
         guard.committing()
         try:
             await session.commit()
@@ -161,8 +164,9 @@ def attempt_batch_sync(
             connection.exec_driver_sql(statement_timeout)
         dbapi_connection = connection.connection.dbapi_connection
         values: list[Any] = []
+        withdrawn = units.withdrawals.indexes
         for position, (unit, index) in enumerate(units):
-            if index in units.withdrawn:
+            if index in withdrawn:
                 raise BatchUnitFailed(position, Withdrawn(index))
             guard.running(dbapi_connection)  # each unit's statements have a deadline of their own
             started = perf_counter()
@@ -176,8 +180,9 @@ def attempt_batch_sync(
                 raise BatchUnitFailed(position, error) from None
             except Exception as error:
                 dialect.note_lost_connection(error, dbapi_connection)
-                timed_out = guard.timed_out or dialect.is_statement_timeout(error)
-                if timeout is not None and timed_out and not guard.cancelled:
+                if guard.cancelled:  # as in attempt_sync
+                    raise Stopped from error
+                if timeout is not None and (guard.timed_out or dialect.is_statement_timeout(error)):
                     raise BatchUnitFailed(position, UnitTimeout(index, timeout)) from error
                 raise BatchUnitFailed(position, error) from None
             values.append(value)
@@ -188,8 +193,10 @@ def attempt_batch_sync(
                 xid = connection.exec_driver_sql(xid_sql).scalar()
         except Exception as error:
             dialect.note_lost_connection(error, dbapi_connection)
+            if guard.cancelled:
+                raise Stopped from error
             raise
-        _check_withdrawn(units)
+        _commit_begins(units)
         try:
             guard.committing()
         except DeadlinePassed:
@@ -216,9 +223,12 @@ def attempt_batch_sync(
             guard.closed()
 
 
-def _check_withdrawn(units: BatchUnits) -> None:
-    """Just before COMMIT: a unit whose ``submit()`` was cancelled meanwhile fails the batch."""
-    position = units.first_withdrawn()
+def _commit_begins(units: BatchUnits) -> None:
+    """
+    Just before COMMIT, in one step with the callers that give up: a unit whose ``submit()`` was
+    cancelled meanwhile fails the batch; else its COMMIT begins, and no unit can be withdrawn any more.
+    """
+    position = units.withdrawals.commit_begins(units)
     if position is not None:
         raise BatchUnitFailed(position, Withdrawn(units[position][1]))
 

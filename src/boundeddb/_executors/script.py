@@ -27,6 +27,7 @@ from .._errors import UnitTimeout
 __all__ = [
     "AsyncGuard",
     "DeadlinePassed",
+    "Stopped",
     "SyncGuard",
     "attempt_async",
     "attempt_sync",
@@ -53,6 +54,14 @@ class AsyncGuard(Protocol):
 
 class DeadlinePassed(Exception):
     """A sync guard refuses to commit: ``deadlines.py`` stopped the unit's statement at its timeout."""
+
+
+class Stopped(BaseException):
+    """
+    A thread's run was cancelled: the attempt stops here and rolls back. It never reaches a unit's
+    caller. Raised by the guard at a step, and by a sync script whose unit failed once the run was
+    cancelled: that failure is the cancellation's doing (its statement was stopped), not the unit's.
+    """
 
 
 class SyncGuard(Protocol):
@@ -248,9 +257,10 @@ def attempt_sync(
             value = unit(session)
         except Exception as error:
             dialect.note_lost_connection(error, dbapi_connection)
-            if timeout is not None and (guard.timed_out or dialect.is_statement_timeout(error)):  # noqa: SIM102
-                if not guard.cancelled:  # a cancelled run's stop is not the unit's timeout
-                    raise UnitTimeout(index, timeout) from error
+            if guard.cancelled:  # its run was cancelled meanwhile: not the unit's failure, nor its timeout
+                raise Stopped from error
+            if timeout is not None and (guard.timed_out or dialect.is_statement_timeout(error)):
+                raise UnitTimeout(index, timeout) from error
             raise
         if inspect.isawaitable(value):
             raise returned_awaitable(value, index)
@@ -265,6 +275,8 @@ def attempt_sync(
                 xid = connection.exec_driver_sql(xid_sql).scalar()
             except Exception as error:  # before COMMIT: a failure like any of the unit's own
                 dialect.note_lost_connection(error, dbapi_connection)
+                if guard.cancelled:
+                    raise Stopped from error
                 raise
         try:
             guard.committing()

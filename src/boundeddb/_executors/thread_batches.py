@@ -92,7 +92,7 @@ class BatchLanes:
             if batch:
                 started = perf_counter()
                 try:
-                    values = script(handle, BatchUnits(batch, run.withdrawn), batch[0][1])
+                    values = script(handle, BatchUnits(batch, run.withdrawals), batch[0][1])
                 except Exception as error:
                     return served, (batch, wait_s, (error, started))
                 committed(run, batch, values, started, wait_s, 1)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import math
 import threading
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core.limiter import Slot
 from .._core.pacing import Worker
 from .._dialects import Dialect
 from .deadlines import StatementDeadlines
-from .script import DeadlinePassed
+from .script import DeadlinePassed, Stopped
+
+if TYPE_CHECKING:
+    from .thread_caller import CallerTeam
 
 __all__ = ["CANCEL_AGAIN_S", "Handle", "Stopped", "ThreadWorker"]
 
@@ -25,10 +28,6 @@ _IDLE, _CONNECTING, _RUNNING, _COMMITTING = range(4)
 
 #: While a cancelled run's units still run statements, how often their cancellation is sent again.
 CANCEL_AGAIN_S = 0.1
-
-
-class Stopped(BaseException):
-    """The run was cancelled: the attempt stops here and rolls back. It never reaches a unit's caller."""
 
 
 class Handle:
@@ -144,5 +143,5 @@ class ThreadWorker(Worker):
     def __init__(self, slot: Slot, handle: Handle) -> None:
         super().__init__(slot)
         self.handle = handle
-        #: Run in its caller's task, a lone unit's (``thread_caller.CallerTeam``), not in a team's.
-        self.in_caller = False
+        #: Run in its caller's task, a lone unit's: its ``thread_caller.CallerTeam``; None in a team.
+        self.in_caller: CallerTeam | None = None

@@ -125,7 +125,7 @@ class ThreadExecutor:
     # -- serving units ---------------------------------------------------------------------------
 
     def team(self, run: Run[Any], *, alone: bool = False) -> ThreadTeam | CallerTeam:
-        return CallerTeam() if alone else ThreadTeam(run, self._dialect, self._url)
+        return CallerTeam(run) if alone else ThreadTeam(run, self._dialect, self._url)
 
     async def serve(self, run: Run[Any], worker: ThreadWorker, wait_s: float) -> Served:
         if not run.pulls_in_threads:
@@ -138,7 +138,7 @@ class ThreadExecutor:
 
     async def _thread(self, worker: ThreadWorker, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in one of the runner's threads, for ``worker``: in a team, or in its caller."""
-        if worker.in_caller:
+        if worker.in_caller is not None:
             return await in_caller(worker, self._dialect, self._url, self._thread_limiter(), fn, *args)
         try:
             return await anyio.to_thread.run_sync(fn, *args, limiter=self._thread_limiter())

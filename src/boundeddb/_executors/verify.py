@@ -210,7 +210,16 @@ async def verified_async(
     except CommitUnknown as unknown:
         if unknown.xid is None:  # it wrote nothing: nothing of it can have been committed
             raise CommitVerified(unknown.error, committed=False) from None
-        await verifier.resolve_async(unknown, index)
+        try:
+            await verifier.resolve_async(unknown, index)
+        except asyncio.CancelledError:
+            # The run was stopped while it asked. The COMMIT was sent, so the unit must settle: unknown,
+            # as resolve_sync gives up on ``cancelled()``; the stop takes effect at the worker's next await.
+            logger.warning(
+                "unit %d: a COMMIT whose connection was lost: its fate stays unknown (cancelled)", index
+            )
+            worker.cancel_again()
+            raise unknown from None
 
 
 def verified_sync(

@@ -250,6 +250,13 @@ class AsyncUnitsRunner(LoadsRunner):
         the runner's own ``on_outcome`` and before this returns. If it raises, so does ``submit()``.
         *New in 0.2.0.*
 
+        Cancelled, the call rolls its unit back, which never commits, unless the unit's COMMIT had
+        begun (with ``batch=``, its batch's) or the unit had settled: then the call waits for the
+        outcome, calls ``on_outcome`` with it (ok, failed, or ``commit_unknown``; what it raises
+        is logged), and raises the cancellation. So a cancelled ``submit()`` whose ``on_outcome``
+        was not called did not commit and never will; where it was called, its outcome is what
+        the server did ("On cancellation" in :doc:`/explanation/guarantees`).
+
         Raises:
             Exception: the unit's own exception, unchanged. Its transaction was rolled back.
         """

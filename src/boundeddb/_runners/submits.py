@@ -20,12 +20,14 @@ from .._arguments import check_priority
 from .._batch import BatchPolicy
 from .._core.adaptive import LimitController
 from .._core.attempts import Attempts
+from .._core.feedback import tell_cancelled
 from .._core.gather import Gather
 from .._core.limiter import Limiter, Slot
 from .._core.pacing import IN_PLACE, Executor, drive
 from .._core.recorder import NullRecorder
 from .._core.run import Run, SinkT
 from .._core.sinks import CallbackSink, ValueSink
+from .._core.withdrawals import Withdrawals
 from .._outcome import Outcome
 from .._progress import check_on_outcome
 from .items import check_now
@@ -67,17 +69,24 @@ async def submit_unit(runner: Submitter, unit: Any, priority: object, on_outcome
     One ``submit()`` call: the unit's value, or its own exception raised.
 
     With ``batch=``, the unit waits in ``runner._gather`` to share a batch with other calls' units.
+    A call cancelled once its unit had settled, or had begun to commit, tells ``on_outcome`` what
+    became of the unit before the cancellation goes on; one cancelled before never commits.
     """
     priority = check_priority(priority)
     hook = check_on_outcome(on_outcome)
     check_now(unit, 0, runner._executor.check)
     with runner._bound():
         if runner._gather is not None:  # batch=: the unit shares a batch with other calls' units
-            outcome = await runner._gather.submit(unit, priority)
+            outcome = await runner._gather.submit(unit, priority, hook)
         else:
             sink = ValueSink()
             run = runner._new_run([unit], sink, _NULL_RECORDER, stop_on_failure=True, priority=priority)
-            await drive(run, runner._executor, runner._attempts, IN_PLACE, runner._limiter, 1, alone=True)
+            try:
+                await drive(run, runner._executor, runner._attempts, IN_PLACE, runner._limiter, 1, alone=True)
+            except BaseException:
+                if sink.outcome is not None:  # it settled (its COMMIT let finish) before the run stopped
+                    _settled_though_cancelled(runner, run, sink.outcome, hook)
+                raise
             run.serve_hook()  # the runner's own on_outcome
             assert sink.outcome is not None
             outcome = sink.outcome
@@ -89,19 +98,29 @@ async def submit_unit(runner: Submitter, unit: Any, priority: object, on_outcome
     return outcome.unwrap()
 
 
+def _settled_though_cancelled(
+    runner: Submitter, run: Run[Any], outcome: Outcome[Any], hook: Callable[[Outcome[Any]], object] | None
+) -> None:
+    """A lone unit that settled though its ``submit()`` was cancelled: counted, and told to the hooks."""
+    run.serve_hook()  # the runner's own, which never raises
+    runner._observers.totals.add(outcome)
+    if hook is not None:
+        tell_cancelled(hook, outcome)
+
+
 async def run_gathered(
     runner: Submitter,
     units: list[Any],
     priority: int,
     settled: Callable[[Outcome[Any]], None],
     slot: Slot,
-    withdrawn: set[int],
+    withdrawals: Withdrawals,
 ) -> None:
     """Run ``submit()`` calls' ``units`` as one batch on ``slot``, for ``_core/gather.py``."""
     with runner._observers.recording(runner._engine.pool, keep_latencies=False) as recorder:
         sink = CallbackSink(settled)
         run = runner._new_run(units, sink, recorder, stop_on_failure=False, priority=priority)
-        run.withdrawn = withdrawn
+        run.withdrawals = withdrawals
         await runner._drive(run, adapt=False, workers=1, slot=slot)
 
 

@@ -199,7 +199,8 @@ class ThreadOffloadRunner(ThreadLoadsRunner):
 
         ``priority`` as for :meth:`boundeddb.SemaphoreRunner.run`: ``submit(unit, priority=1)``
         from a request handler goes ahead of a bulk run's units, and may use the ``reserve``.
-        ``on_outcome`` as for :meth:`boundeddb.SemaphoreRunner.submit`, on the event loop.
+        ``on_outcome``, and what a cancelled call tells it, as for
+        :meth:`boundeddb.SemaphoreRunner.submit`, on the event loop.
 
         Raises:
             Exception: the unit's own exception, unchanged.
