@@ -128,7 +128,7 @@ class Soak:
             connect_args={"application_name": "chaos-admin"},
         )
         create_postgres(admin)
-        pg_proxy = FaultProxy(loop, server.socket_path, "postgresql", name="postgresql")
+        pg_proxy = FaultProxy(loop, server.socket, "postgresql", name="postgresql")
         use_mysql = not args.no_mysql and _mysql_answers()
         mysql_database = f"chaos_{self.seed}"
         mysql_admin: Engine | None = None

@@ -224,7 +224,7 @@ class Nemesis:
 
     def _crash(self, kind: str) -> None:
         if kind == "crash":
-            self._server.crash()
+            self._server.restart_immediately()
             self._note(kind)
         elif kind == "lost-commit-crash":
             self._lost_commit_crash()
@@ -247,7 +247,7 @@ class Nemesis:
             if fired:
                 server.start_after_quit(postmaster)
             else:
-                server.crash()
+                server.restart_immediately()
             reused = 0
             with self._admin.connect() as connection:
                 for _ in range(REUSING_TRANSACTIONS):
@@ -263,6 +263,5 @@ class Nemesis:
         if not pids:
             return
         pid = self._rng.choice(pids)
-        self._server.crash_backend(pid)
-        self._server.wait_ready()
+        self._server.crash_backend(pid)  # returns once the server is ready again
         self._note("backend-crash", pid=pid)
