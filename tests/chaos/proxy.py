@@ -14,6 +14,8 @@ return once the fault is in place:
   for a while, then reset;
 - :meth:`FaultProxy.latency`: an episode in which each connection gets its own delay, both ways, so
   that a message on a new connection (a cancel request) can overtake one on an old connection;
+- :meth:`FaultProxy.hold_next_statement`: the next message of each open connection waits, so that
+  one on a new connection (a cancel request) overtakes it;
 - :meth:`FaultProxy.hold_new` / :meth:`FaultProxy.refuse_new`: new connections wait unanswered, or
   are closed at once, as when the server is unreachable or down.
 
@@ -105,6 +107,8 @@ class _Link:
         self.flowing.set()
         #: Seconds each chunk waits before it is passed on, in either direction.
         self.delay = 0.0
+        #: Seconds the next chunk from the client waits before it is passed on (then 0).
+        self.hold_next = 0.0
         #: Set once a COMMIT was cut: nothing from the server reaches the client after it.
         self.cut = False
         self.closed = False
@@ -218,6 +222,17 @@ class FaultProxy:
             for link in self._links.values():
                 link.delay = 0.0
 
+    def hold_next_statement(self, seconds: float) -> None:
+        """
+        The next message each open connection sends to the server waits ``seconds`` first; new
+        connections' messages do not: a cancel request for that statement overtakes it.
+        """
+        self._loop.call(self._hold_next(seconds))
+
+    async def _hold_next(self, seconds: float) -> None:
+        for link in self._links.values():
+            link.hold_next = seconds
+
     def hold_new(self) -> None:
         """New connections are accepted but wait, unanswered, until :meth:`release_new`."""
         self._loop.call(self._set_hold(True))
@@ -327,6 +342,9 @@ class FaultProxy:
                     break
                 if link.delay:
                     await asyncio.sleep(link.delay)
+                if link.hold_next:
+                    held, link.hold_next = link.hold_next, 0.0
+                    await asyncio.sleep(held)
                 out = bytearray()
                 for message, is_commit in split.feed(data):
                     if is_commit and (trap := self._take_trap()) is not None:

@@ -7,7 +7,10 @@ written down the connections they had discarded before it):
 - **the bound**: a runner's backends, but for those of connections it discarded, never outnumber
   its ``limit``;
 - **discarded means ended**: a backend of a connection a pool discarded (invalidated or closed) is
-  not running a statement or holding a transaction 1 s after.
+  not running a statement or holding a transaction 1 s after, or 1 s after a new connection could
+  reach the server again: after an ``unreachable`` episode that it fell in (the library ends it
+  from a new connection), and later by 8 times the most delay of a ``latency`` episode (a new
+  connection's few round trips, each way delayed).
 
 A backend belongs to a discarded connection if its pid was discarded and it had started by then (a
 pid the server hands out again after a crash is another backend). The backends of a SIGKILLed job
@@ -39,6 +42,8 @@ INTERVAL_S = 0.05
 SETTLE_S = 0.5
 #: How long a discarded connection's backend may still run a statement or hold a transaction.
 GRACE_S = 1.0
+#: How many of a latency episode's delays a side connection's ending of a backend may take.
+_LATENCY_DELAYS = 8
 _BUSY = ("active", "idle in transaction", "idle in transaction (aborted)")
 _ACTIVITY = text(
     "SELECT pid, application_name, state, extract(epoch FROM backend_start), left(query, 80) "
@@ -78,6 +83,9 @@ class Sampler:
         #: app -> when its job's processes were SIGKILLed.
         self._killed: dict[str, list[float]] = collections.defaultdict(list)
         self._offsets: dict[Path, int] = {}
+        #: The nemesis's unreachable episodes, (start, end), and latency episodes, (start, end, most).
+        self._unreachable: list[tuple[float, float]] = []
+        self._latency: list[tuple[float, float, float]] = []
         self._pending: collections.deque[tuple[float, list[_Backend], list[tuple[int, str, str, int]]]] = (
             collections.deque()
         )
@@ -154,17 +162,42 @@ class Sampler:
         self._pending.append((now, backends, mysql))
 
     def _read_discards(self) -> None:
-        for path in self._out.glob("discards-*.jsonl"):
-            offset = self._offsets.get(path, 0)
-            with path.open(encoding="utf-8") as lines:
-                lines.seek(offset)
-                while line := lines.readline():
-                    if not line.endswith("\n"):
-                        break  # being written: read it next time
-                    offset += len(line.encode())
-                    record: dict[str, Any] = json.loads(line)
+        """The clients' discards, and the nemesis's faults that keep a new connection from the server."""
+        for path in [*self._out.glob("discards-*.jsonl"), self._out / "faults-main.jsonl"]:
+            for record in self._new_lines(path):
+                if "app" in record:
                     self._discarded[(record["app"], int(record["id"]))] = float(record["t"])
-            self._offsets[path] = offset
+                elif record["kind"] == "unreachable":
+                    self._unreachable.append((record["t"], record["t"] + record["seconds"]))
+                elif record["kind"] == "latency":
+                    self._latency.append((record["t"], record["t"] + record["seconds"], record["most"]))
+
+    def _new_lines(self, path: Path) -> list[dict[str, Any]]:
+        """The records written to ``path`` since it was last read, whole lines only."""
+        if not path.exists():
+            return []
+        records = []
+        offset = self._offsets.get(path, 0)
+        with path.open(encoding="utf-8") as lines:
+            lines.seek(offset)
+            while line := lines.readline():
+                if not line.endswith("\n"):
+                    break  # being written: read it next time
+                offset += len(line.encode())
+                records.append(json.loads(line))
+        self._offsets[path] = offset
+        return records
+
+    def _due(self, discarded: float) -> float:
+        """When the backend of a connection discarded at ``discarded`` must have ended (module docstring)."""
+        due = discarded + GRACE_S
+        for start, end in self._unreachable:
+            if start < due and discarded < end:
+                due = max(due, end + GRACE_S)
+        for start, end, most in self._latency:
+            if start < due and discarded < end:
+                due += _LATENCY_DELAYS * most
+        return due
 
     def _discarded_at(self, backend: _Backend) -> float | None:
         """When ``backend``'s connection was discarded, or None if it was not (yet)."""
@@ -197,7 +230,7 @@ class Sampler:
             if discarded is None or discarded > taken:
                 live[backend.app].append(backend)
             strict = self._pid_discarded_at(backend)
-            if strict is not None and taken > strict + GRACE_S and backend.state in _BUSY:
+            if strict is not None and taken > self._due(strict) and backend.state in _BUSY:
                 key = (backend.app, backend.pid)
                 if key not in self._reported:
                     self._reported.add(key)
