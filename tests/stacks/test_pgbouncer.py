@@ -270,3 +270,32 @@ def test_a_pooler_restart_mid_run_loses_nothing_and_commits_nothing_twice(
         f"restart at {at_restart} rows; retried {retried}; commit-unknown {len(unknown)} "
         f"({len(unknown & committed)} committed)"
     )
+
+
+def test_a_connection_discarded_through_the_pooler_never_has_its_server_backend_terminated(
+    bouncer: PgBouncer, admin: Engine
+) -> None:
+    """Through PgBouncer the driver's pid is not the server's: a discard ends no (shared) backend."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import sessionmaker
+
+    from boundeddb import ThreadOffloadRunner
+    from boundeddb._dialects.postgresql import DIALECT
+
+    url = bouncer.url("psycopg")
+    engine = create_engine(url, **pgbouncer_engine_options(url))
+    try:
+        with ThreadOffloadRunner(sessionmaker(engine), limit=1) as runner:
+            [server_pid] = runner.run_sync(
+                [lambda s: int(s.execute(text("SELECT pg_backend_pid()")).scalar_one())]
+            ).values()
+            with engine.connect() as connection:
+                connection.invalidate()  # as the runner discards a connection whose unit failed mid-statement
+            assert not DIALECT.ending_connections(engine.url)
+    finally:
+        engine.dispose()
+    with admin.connect() as connection:
+        alive = connection.execute(
+            text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"), {"p": server_pid}
+        )
+        assert alive.scalar_one() == 1

@@ -18,7 +18,7 @@ from sqlalchemy import exc as sa_exc
 
 from .._errors import UnitTimeout
 
-__all__ = ["COMMITTED_SINCE_RESTART", "STATEMENT_ENDED", "Dialect", "is_socket_error"]
+__all__ = ["COMMITTED_SINCE_RESTART", "STATEMENT_ENDED", "Dialect", "is_socket_error", "may_hold_connections"]
 
 logger = logging.getLogger("boundeddb.dialects")
 
@@ -37,6 +37,17 @@ def is_socket_error(error: BaseException | None) -> bool:
     :class:`TimeoutError`, :class:`FileNotFoundError` and :class:`PermissionError` are OSErrors too.
     """
     return isinstance(error, ConnectionError) or type(error) is OSError
+
+
+def may_hold_connections(pool: Any) -> bool:
+    """
+    Whether ``pool`` may hold connections made before a runner's listeners on it (a ``QueuePool``
+    counts them; of any other pool, assume so).
+    """
+    try:
+        return bool(pool.checkedin() + pool.checkedout() > 0)
+    except AttributeError:
+        return True
 
 
 class StatementEnded(Exception):

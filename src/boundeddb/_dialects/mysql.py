@@ -20,14 +20,15 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
-from .base import STATEMENT_ENDED, Dialect
+from .base import STATEMENT_ENDED, Dialect, may_hold_connections
+from .enders import END_WAIT_S, Enders
 
 __all__ = ["DIALECT", "NAMES", "MySQL"]
 
@@ -57,9 +58,6 @@ LOST_ERRNOS = frozenset(
 )
 #: ER_NO_SUCH_THREAD: the statement's connection is already gone, nothing to kill.
 NO_SUCH_THREAD = 1094
-#: The most seconds the end of a discarded connection on the server is waited for, by the thread
-#: that kills it and by a cancelled run.
-END_WAIT_S = 5.0
 #: How often, in seconds, that thread asks whether the server has ended the connection.
 _END_POLL_S = 0.005
 #: The key in a pool entry's ``info`` of a connection whose URL and server id are known.
@@ -153,29 +151,32 @@ def kill_queries(url: URL, thread_ids: Sequence[int]) -> None:
         connection.close()
 
 
-def end_connection(url: URL, thread_id: int) -> None:
+def end_connections(url: Hashable, thread_ids: Sequence[int]) -> None:
     """
-    ``KILL CONNECTION thread_id`` from a new pymysql connection to ``url``'s server, then wait until the
-    server has ended it, at most :data:`END_WAIT_S`. Failures are logged.
+    ``KILL CONNECTION`` each of ``thread_ids`` from a new pymysql connection to ``url``'s server, then
+    wait until the server has ended them, at most :data:`END_WAIT_S`. Failures are logged.
 
     A killed connection stays in the server's process list until its transaction is rolled back, so
     one gone from the list holds no transaction. ``information_schema.innodb_trx`` would not do:
     InnoDB refreshes it only once nobody has read it for 100 ms.
     """
-    connection = _side_connection(url, "KILL CONNECTION", (thread_id,))
+    assert isinstance(url, URL)
+    connection = _side_connection(url, "KILL CONNECTION", thread_ids)
     if connection is None:
         return
     deadline = time.monotonic() + END_WAIT_S
     try:
         with connection.cursor() as cursor:
-            _kill(cursor, "KILL CONNECTION", thread_id)
-            while _listed(cursor, thread_id):
+            for thread_id in thread_ids:
+                _kill(cursor, "KILL CONNECTION", thread_id)
+            left = list(thread_ids)
+            while left := [thread_id for thread_id in left if _listed(cursor, thread_id)]:
                 if time.monotonic() > deadline:
-                    logger.warning("MySQL: connection %d not ended after %s s", thread_id, END_WAIT_S)
+                    logger.warning("MySQL: connection(s) %s not ended after %s s", left, END_WAIT_S)
                     return
                 time.sleep(_END_POLL_S)
     except Exception as error:
-        logger.warning("MySQL: waiting for connection %d to end failed: %s", thread_id, error)
+        logger.warning("MySQL: waiting for connection(s) %s to end failed: %s", list(thread_ids), error)
     finally:
         connection.close()
 
@@ -196,8 +197,8 @@ class MySQL(Dialect):
         #: Each DBAPI connection's server id, read when it was made, as the module docstring tells.
         self._ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._prepared: weakref.WeakSet[Any] = weakref.WeakSet()
-        #: The threads still ending discarded connections on the server, by their engine's URL.
-        self._enders: dict[URL, set[threading.Thread]] = {}
+        #: Ends discarded connections on the server, as the module docstring tells.
+        self._enders: Enders[int] = Enders("boundeddb-mysql-end", end_connections)
         self._lock = threading.Lock()
 
     def _is_lost(self, orig: BaseException) -> bool:
@@ -247,7 +248,7 @@ class MySQL(Dialect):
                 return
             thread_id = self._thread_id(dbapi_connection)
             if thread_id is not None:  # never block the caller, an event loop: a thread of its own
-                self._end_soon(url, thread_id)
+                self._enders.end_soon(url, thread_id)
 
         def on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
             if _KNOWN not in record.info:
@@ -255,52 +256,16 @@ class MySQL(Dialect):
 
         event.listen(engine.pool, "connect", on_connect)
         event.listen(engine.pool, "invalidate", on_invalidate)
-        if _may_hold_connections(engine.pool):
+        if may_hold_connections(engine.pool):
             # Made before the runner (a create_all() at start-up): met at their next checkout, in the
             # thread that will run statements on them, where mysqlclient still tells its id.
             event.listen(engine.pool, "checkout", on_checkout)
 
-    def _end_soon(self, url: URL, thread_id: int) -> None:
-        """
-        End a discarded connection on the server, from a thread of its own.
-
-        The driver may have closed the socket in the middle of a statement, and the server goes on
-        running that statement with the transaction open: a lock wait, for up to
-        ``innodb_lock_wait_timeout``.
-        """
-
-        def end() -> None:
-            try:
-                end_connection(url, thread_id)
-            finally:
-                self._ended(url, ender)
-
-        ender = threading.Thread(target=end, name=f"boundeddb-end-{thread_id}", daemon=True)
-        with self._lock:  # before it starts: a cancelled run that looks next must find it
-            self._enders.setdefault(url, set()).add(ender)
-        try:
-            ender.start()
-        except BaseException:
-            self._ended(url, ender)
-            raise
-
-    def _ended(self, url: URL, ender: threading.Thread) -> None:
-        with self._lock:
-            enders = self._enders[url]
-            enders.discard(ender)
-            if not enders:
-                del self._enders[url]
-
     def ending_connections(self, url: Any) -> bool:
-        with self._lock:
-            return url in self._enders
+        return self._enders.ending(url)
 
     def wait_connections_ended(self, url: Any) -> None:
-        deadline = time.monotonic() + END_WAIT_S
-        with self._lock:
-            enders = [ender for ender in self._enders.get(url, ()) if ender.ident is not None]  # started
-        for ender in enders:
-            ender.join(max(0.0, deadline - time.monotonic()))
+        self._enders.wait(url)
 
     def _thread_id(self, dbapi_connection: Any) -> int | None:
         known = self._ids.get(_key(dbapi_connection))
@@ -321,17 +286,6 @@ class MySQL(Dialect):
             thread_ids.setdefault(url, []).append(thread_id)
         for url, ids in thread_ids.items():
             kill_queries(url, ids)
-
-
-def _may_hold_connections(pool: Any) -> bool:
-    """
-    Whether ``pool`` may hold connections already, made before :meth:`MySQL.prepare_engine`'s listeners
-    (a ``QueuePool`` counts them; of any other pool, assume so).
-    """
-    try:
-        return bool(pool.checkedin() + pool.checkedout() > 0)
-    except AttributeError:
-        return True
 
 
 def _key(dbapi_connection: Any) -> Any:

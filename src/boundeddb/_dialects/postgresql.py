@@ -2,20 +2,27 @@
 The PostgreSQL dialect, for asyncpg, psycopg 3 and psycopg2.
 
 It reads SQLSTATEs, tells a lost connection, sets ``statement_timeout`` and cancels statements.
-It also reads a transaction's status, which ``verify_commits`` needs.
+It ends the backend of each connection a pool discards (:mod:`.pg_backends`), and reads a
+transaction's status, which ``verify_commits`` needs.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import threading
+import weakref
 from itertools import compress
 from typing import Any
 
+from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import text
+from sqlalchemy.engine import URL, Engine
 
-from .base import COMMITTED_SINCE_RESTART, Dialect
+from .base import COMMITTED_SINCE_RESTART, Dialect, may_hold_connections
+from .enders import Enders
+from .pg_backends import IDENTITY_SQL, Backend, SideTarget, driver_pid, end_backends, side_target
 
 __all__ = ["DIALECT", "NAMES", "PostgreSQL", "sqlstate"]
 
@@ -41,6 +48,10 @@ QUERY_CANCELED = "57014"
 _FLAG_BITS = bytes.maketrans(b"01", b"\x00\x01")
 #: psycopg 3's message for a connection whose socket is gone, in ``psycopg/waiting.py``.
 _PSYCOPG_SOCKET_CLOSED = "connection socket closed"
+#: The key in a pool entry's ``info`` of its connection's :class:`Backend`, or None if not to be ended.
+_BACKEND = "boundeddb.postgresql.backend"
+
+logger = logging.getLogger("boundeddb.dialects")
 
 
 #: The server's incarnation, as text: when its postmaster started (microseconds since 1970, whatever
@@ -73,6 +84,59 @@ def sqlstate(error: BaseException | None) -> str | None:
 class PostgreSQL(Dialect):
     name = "postgresql"
     stops_statements = True
+
+    def __init__(self) -> None:
+        #: How to open a side connection to each prepared engine's server, by its URL.
+        self._targets: dict[URL, SideTarget] = {}
+        self._prepared: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._enders: Enders[Backend] = Enders("boundeddb-pg-end", self._end)
+        self._lock = threading.Lock()
+
+    # -- discarded connections: the module docstring of pg_backends ---------------------------------
+
+    def prepare_engine(self, engine: Engine) -> None:
+        with self._lock:
+            if engine.pool in self._prepared:
+                return
+            self._prepared.add(engine.pool)
+        target = side_target(engine.dialect, engine.url)
+        if target is None:
+            return
+        url = engine.url
+        with self._lock:
+            self._targets[url] = target
+
+        def on_connect(dbapi_connection: Any, record: Any) -> None:
+            record.info[_BACKEND] = _read_backend(dbapi_connection)
+
+        def on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+            if _BACKEND not in record.info:
+                on_connect(dbapi_connection, record)
+
+        def on_invalidate(dbapi_connection: Any, record: Any, exception: BaseException | None) -> None:
+            # Also after its statement returned (STATEMENT_ENDED): the connection's close may not reach
+            # the server, which then keeps the transaction open.
+            backend = record.info.get(_BACKEND) if record is not None else None
+            if backend is not None:
+                self._enders.end_soon(url, backend)
+
+        event.listen(engine.pool, "connect", on_connect)
+        event.listen(engine.pool, "invalidate", on_invalidate)
+        if may_hold_connections(engine.pool):  # made before the runner: met at their next checkout
+            event.listen(engine.pool, "checkout", on_checkout)
+
+    def _end(self, url: Any, backends: Any) -> None:
+        with self._lock:
+            target = self._targets[url]
+        end_backends(target, backends)
+
+    def ending_connections(self, url: Any) -> bool:
+        return self._enders.ending(url)
+
+    def wait_connections_ended(self, url: Any) -> None:
+        self._enders.wait(url)
+
+    # -- what an error means -------------------------------------------------------------------
 
     def _is_lost(self, orig: BaseException) -> bool:
         code = sqlstate(orig)
@@ -161,6 +225,34 @@ class PostgreSQL(Dialect):
             return {"timeout": seconds}
         # libpq, under psycopg and psycopg2: whole seconds, and less than 2 counts as 2.
         return {"connect_timeout": max(2, math.ceil(seconds))}
+
+
+def _read_backend(dbapi_connection: Any) -> Backend | None:
+    """
+    A new connection's backend, or None if its driver's pid is not the server's (a pooler between)
+    or unknown. Run in the pool's ``connect`` event, so it ends the transaction the query began.
+    """
+    pid = driver_pid(dbapi_connection)
+    if pid is None:
+        return None
+    try:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(IDENTITY_SQL)
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+    except Exception as error:  # the connection is unusable: the pool will find out
+        logger.debug("PostgreSQL: reading a new connection's backend failed: %s", error)
+        row = None
+    finally:
+        try:
+            dbapi_connection.rollback()
+        except Exception as error:
+            logger.debug("PostgreSQL: rolling back after reading a connection's backend failed: %s", error)
+    if row is None or int(row[0]) != pid:
+        return None
+    return Backend(pid, int(row[1]))
 
 
 DIALECT = PostgreSQL()
