@@ -49,6 +49,7 @@ from tests.support.faults import (
     check_commit_invariant,
     deadline_per_unit,
     inserting,
+    slow_commits,
     unexpected_failures,
     wait_until,
 )
@@ -452,37 +453,10 @@ def test_the_wait_is_the_modules_default_unless_patched() -> None:
 # -- the server aborted: the unit is retried ----------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def slow_first_commit_of(admin: Engine, seconds: float) -> Iterator[None]:
-    """A deferred constraint trigger that sleeps ``seconds`` in the first COMMIT that inserted an item."""
-    with admin.connect() as connection:
-        connection.execute(text("CREATE SEQUENCE verify_slow_commits"))
-        connection.execute(
-            text(
-                "CREATE FUNCTION verify_slow_commit() RETURNS trigger LANGUAGE plpgsql AS "
-                "$$ BEGIN IF nextval('verify_slow_commits') = 1 THEN "
-                f"PERFORM pg_sleep({float(seconds)}); END IF; RETURN NULL; END $$"
-            )
-        )
-        connection.execute(
-            text(
-                "CREATE CONSTRAINT TRIGGER verify_slow_commit AFTER INSERT ON items "
-                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION verify_slow_commit()"
-            )
-        )
-    try:
-        yield
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text("DROP TRIGGER IF EXISTS verify_slow_commit ON items"))
-            connection.execute(text("DROP FUNCTION IF EXISTS verify_slow_commit()"))
-            connection.execute(text("DROP SEQUENCE IF EXISTS verify_slow_commits"))
-
-
 @pytest.fixture
 def slow_first_commit(admin: Engine, items_table: None) -> Iterator[None]:
     """The first COMMIT that inserted an item sleeps 30 s in a deferred constraint trigger."""
-    with slow_first_commit_of(admin, 30):
+    with slow_commits(admin, 30):
         yield
 
 
@@ -501,7 +475,7 @@ async def test_a_commit_still_in_progress_is_asked_about_again(
     """Cut while a deferred trigger holds COMMIT up for 1 s: "in progress", then "committed": ok, once."""
     caplog.set_level(logging.DEBUG, logger="boundeddb")
     runner = proxied.runner(kind, driver, retry=RetryPolicy(attempts=5, initial_delay=0.01))
-    with slow_first_commit_of(admin, 1.0):
+    with slow_commits(admin, 1.0):
         cutter.arm(1)
         with anyio.fail_after(30):
             report = await runner.run([inserting(kind != "threads", 0, Progress())])

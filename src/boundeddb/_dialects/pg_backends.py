@@ -33,7 +33,7 @@ from .enders import END_WAIT_S
 __all__ = [
     "IDENTITY_SQL",
     "SIDE_APPLICATION",
-    "Backend",
+    "BackendId",
     "SideTarget",
     "driver_pid",
     "end_backends",
@@ -57,7 +57,7 @@ IDENTITY_SQL = f"SELECT pid, {_STARTED} FROM pg_stat_activity WHERE pid = pg_bac
 
 
 @dataclass(frozen=True)
-class Backend:
+class BackendId:
     """One server backend, by pid and start (microseconds since 1970)."""
 
     pid: int
@@ -84,20 +84,20 @@ def driver_pid(dbapi_connection: Any) -> int | None:
     return pid if isinstance(pid, int) else None
 
 
-def _in_list(backends: Sequence[Backend]) -> str:
+def _in_list(backends: Sequence[BackendId]) -> str:
     rows = ", ".join(f"({int(b.pid)}, {int(b.started)})" for b in backends)
     return f"(pid, {_STARTED}) IN (VALUES {rows})"
 
 
-def _terminate_sql(backends: Sequence[Backend]) -> str:
+def _terminate_sql(backends: Sequence[BackendId]) -> str:
     return f"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE {_in_list(backends)}"
 
 
-def _left_sql(backends: Sequence[Backend]) -> str:
+def _left_sql(backends: Sequence[BackendId]) -> str:
     return f"SELECT count(*) FROM pg_stat_activity WHERE {_in_list(backends)}"
 
 
-def end_backends(target: SideTarget, backends: Sequence[Backend]) -> None:
+def end_backends(target: SideTarget, backends: Sequence[BackendId]) -> None:
     """
     Terminate ``backends`` from a side connection to ``target``'s server and wait until they are
     gone, all within :data:`~boundeddb._dialects.enders.END_WAIT_S`. A connection refused (the
@@ -135,7 +135,7 @@ def _connect_sync(target: SideTarget, deadline: float) -> Any:
             return connection
 
 
-def _end_sync(target: SideTarget, backends: Sequence[Backend], deadline: float) -> None:
+def _end_sync(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
     connection = _connect_sync(target, deadline)
     try:
         cursor = connection.cursor()
@@ -152,7 +152,7 @@ def _end_sync(target: SideTarget, backends: Sequence[Backend], deadline: float) 
         connection.close()
 
 
-async def _end_asyncpg(arguments: dict[str, Any], backends: Sequence[Backend], deadline: float) -> None:
+async def _end_asyncpg(arguments: dict[str, Any], backends: Sequence[BackendId], deadline: float) -> None:
     import asyncpg
 
     while True:
@@ -175,7 +175,7 @@ async def _end_asyncpg(arguments: dict[str, Any], backends: Sequence[Backend], d
         await connection.close()
 
 
-def _not_ended(backends: Sequence[Backend]) -> None:
+def _not_ended(backends: Sequence[BackendId]) -> None:
     pids = ", ".join(str(b.pid) for b in backends)
     logger.warning("PostgreSQL: backend(s) %s not ended %s s after pg_terminate_backend", pids, END_WAIT_S)
 

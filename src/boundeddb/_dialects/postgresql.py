@@ -22,7 +22,7 @@ from sqlalchemy.engine import URL, Engine
 
 from .base import COMMITTED_SINCE_RESTART, Dialect, may_hold_connections
 from .enders import Enders
-from .pg_backends import IDENTITY_SQL, Backend, SideTarget, driver_pid, end_backends, side_target
+from .pg_backends import IDENTITY_SQL, BackendId, SideTarget, driver_pid, end_backends, side_target
 
 __all__ = ["DIALECT", "NAMES", "PostgreSQL", "sqlstate"]
 
@@ -48,7 +48,7 @@ QUERY_CANCELED = "57014"
 _FLAG_BITS = bytes.maketrans(b"01", b"\x00\x01")
 #: psycopg 3's message for a connection whose socket is gone, in ``psycopg/waiting.py``.
 _PSYCOPG_SOCKET_CLOSED = "connection socket closed"
-#: The key in a pool entry's ``info`` of its connection's :class:`Backend`, or None if not to be ended.
+#: The key in a pool entry's ``info`` of its connection's :class:`BackendId`, or None if not to be ended.
 _BACKEND = "boundeddb.postgresql.backend"
 
 logger = logging.getLogger("boundeddb.dialects")
@@ -89,7 +89,7 @@ class PostgreSQL(Dialect):
         #: How to open a side connection to each prepared engine's server, by its URL.
         self._targets: dict[URL, SideTarget] = {}
         self._prepared: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._enders: Enders[Backend] = Enders("boundeddb-pg-end", self._end)
+        self._enders: Enders[BackendId] = Enders("boundeddb-pg-end", self._end)
         self._lock = threading.Lock()
 
     # -- discarded connections: the module docstring of pg_backends ---------------------------------
@@ -227,7 +227,7 @@ class PostgreSQL(Dialect):
         return {"connect_timeout": max(2, math.ceil(seconds))}
 
 
-def _read_backend(dbapi_connection: Any) -> Backend | None:
+def _read_backend(dbapi_connection: Any) -> BackendId | None:
     """
     A new connection's backend, or None if its driver's pid is not the server's (a pooler between)
     or unknown. Run in the pool's ``connect`` event, so it ends the transaction the query began.
@@ -252,7 +252,7 @@ def _read_backend(dbapi_connection: Any) -> Backend | None:
             logger.debug("PostgreSQL: rolling back after reading a connection's backend failed: %s", error)
     if row is None or int(row[0]) != pid:
         return None
-    return Backend(pid, int(row[1]))
+    return BackendId(pid, int(row[1]))
 
 
 DIALECT = PostgreSQL()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._core.limiter import Slot
 from .._core.pacing import Worker
@@ -19,10 +19,7 @@ from .._dialects import Dialect
 from .deadlines import StatementDeadlines
 from .script import DeadlinePassed, Stopped
 
-if TYPE_CHECKING:
-    from .thread_caller import CallerTeam
-
-__all__ = ["CANCEL_AGAIN_S", "Handle", "Stopped", "ThreadWorker"]
+__all__ = ["CANCEL_AGAIN_S", "CallerSide", "Handle", "Stopped", "ThreadWorker"]
 
 _IDLE, _CONNECTING, _RUNNING, _COMMITTING = range(4)
 
@@ -137,6 +134,13 @@ class Handle:
             return self._dbapi
 
 
+class CallerSide(Protocol):
+    """The caller's task that runs a lone unit's attempts: ``thread_caller.CallerTeam``."""
+
+    def hold(self, cancelled: BaseException) -> None:
+        """Raise ``cancelled`` once the unit has settled; start nothing more."""
+
+
 class ThreadWorker(Worker):
     __slots__ = ("handle", "in_caller")
 
@@ -144,4 +148,4 @@ class ThreadWorker(Worker):
         super().__init__(slot)
         self.handle = handle
         #: Run in its caller's task, a lone unit's: its ``thread_caller.CallerTeam``; None in a team.
-        self.in_caller: CallerTeam | None = None
+        self.in_caller: CallerSide | None = None

@@ -312,10 +312,8 @@ class BaseRunner:
 
     def _journalled(self, fn: object, items: object, journal: object) -> Units:
         """``map(fn, items)``'s units, through ``journal`` unless it is None."""
-        name, engine = type(self).__name__, self._engine
-        return map_units(
-            fn, items, journal, name, engine, self._dialect, self._attempts, async_units=self._async_units
-        )
+        name, engine, dialect, asyncs = type(self).__name__, self._engine, self._dialect, self._async_units
+        return map_units(fn, items, journal, name, engine, dialect, self._attempts, async_units=asyncs)
 
     async def _feed(self, units: AsyncIterable[Any], settled: Callable[[Outcome[Any]], None]) -> None:
         """Run a ProcessRunner worker's call: ``units``, each outcome handed to ``settled`` on the loop."""
