@@ -27,6 +27,7 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
+import boundeddb._dialects.postgresql
 import boundeddb._executors.verify
 from boundeddb import (
     ChunkedRunner,
@@ -229,6 +230,15 @@ def cutter(pg_server: PostgresServer) -> Iterator[CommitCutter]:
     proxy = CommitCutter(url.host or "127.0.0.1", url.port or 5432)
     yield proxy
     proxy.close()
+
+
+@pytest.fixture
+def backends_not_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """
+    The runner's side connection cannot end a discarded connection's backend (as behind a network
+    partition), so that a cut COMMIT runs on: otherwise it is terminated, and aborted, at once.
+    """
+    monkeypatch.setattr(boundeddb._dialects.postgresql, "end_backends", lambda target, backends: None)
 
 
 @pytest.fixture
@@ -461,7 +471,7 @@ def slow_first_commit(admin: Engine, items_table: None) -> Iterator[None]:
 
 
 @pytest.mark.anyio
-@pytest.mark.usefixtures("items_table", "reap_backends")
+@pytest.mark.usefixtures("items_table", "reap_backends", "backends_not_ended")
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize(("kind", "driver"), [("semaphore", "asyncpg"), ("threads", "psycopg")])
 async def test_a_commit_still_in_progress_is_asked_about_again(
@@ -487,7 +497,33 @@ async def test_a_commit_still_in_progress_is_asked_about_again(
 
 
 @pytest.mark.anyio
-@pytest.mark.usefixtures("slow_first_commit", "reap_backends")
+@pytest.mark.usefixtures("items_table", "reap_backends")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize(("kind", "driver"), [("semaphore", "asyncpg"), ("threads", "psycopg")])
+async def test_a_cut_commit_in_progress_is_ended_aborted_and_retried(
+    proxied: ProxiedRunners,
+    cutter: CommitCutter,
+    admin: Engine,
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+    driver: str,
+) -> None:
+    """Cut while a deferred trigger holds COMMIT up: its backend is ended (aborted), and the unit retried."""
+    caplog.set_level(logging.DEBUG, logger="boundeddb")
+    runner = proxied.runner(kind, driver, retry=RetryPolicy(attempts=5, initial_delay=0.01))
+    with slow_commits(admin, 5.0):
+        cutter.arm(1)
+        with anyio.fail_after(30):
+            report = await runner.run([inserting(kind != "threads", 0, Progress())])
+    [outcome] = report.outcomes
+    messages = [record.getMessage() for record in caplog.records]
+    assert "unit 0: a COMMIT whose connection was lost: the server aborted it" in messages
+    assert (outcome.ok, outcome.attempts) == (True, 2)
+    assert committed_units(admin) == [0]
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("slow_first_commit", "reap_backends", "backends_not_ended")
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_commit_in_progress_for_longer_than_the_wait_is_unknown(
     proxied: ProxiedRunners, cutter: CommitCutter, short_wait: float
