@@ -177,6 +177,8 @@ def child(config: Config, job: Job, job_id: str) -> int:
             )
 
         asyncio.get_running_loop().set_exception_handler(on_error)
+        # SIGUSR2: every task's stack, for a run stuck awaiting something.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks, stacks)
         if job.kind == "processes":
             return await _run_processes(config, job, job_id, variant)
         return await _run_in_process(config, job, job_id, variant, discards)
@@ -196,6 +198,19 @@ def child(config: Config, job: Job, job_id: str) -> int:
         discards.close()
         anomalies.close()
     return 0 if completed else INCOMPLETE
+
+
+def _dump_tasks(file: Any) -> None:
+    """Write every task of the running loop, with the chain of coroutines it awaits, to ``file``."""
+    for task in asyncio.all_tasks():
+        print(f"Task {task.get_name()}:", file=file)
+        coroutine: Any = task.get_coro()
+        while coroutine is not None:
+            frame = getattr(coroutine, "cr_frame", None) or getattr(coroutine, "gi_frame", None)
+            if frame is not None:
+                print(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}", file=file)
+            coroutine = getattr(coroutine, "cr_await", None) or getattr(coroutine, "gi_yieldfrom", None)
+    file.flush()
 
 
 # -- the orchestrator's side ---------------------------------------------------------------------------------
