@@ -72,6 +72,25 @@ def fail_some_sync(session: Session, n: int) -> int:
     return n
 
 
+#: The units that failed their first attempt in this worker process: see :func:`fail_once`.
+_failed_once: set[int] = set()
+
+
+async def fail_once(session: AsyncSession, n: int) -> tuple[int, int]:
+    """Insert; the first attempt of each unit in a worker fails as a lost connection would, then it runs."""
+    if n not in _failed_once:
+        _failed_once.add(n)
+        raise ConnectionResetError(f"unit {n}'s first attempt fails on purpose")
+    return await insert(session, n)
+
+
+def fail_once_sync(session: Session, n: int) -> tuple[int, int]:
+    if n not in _failed_once:
+        _failed_once.add(n)
+        raise ConnectionResetError(f"unit {n}'s first attempt fails on purpose")
+    return insert_sync(session, n)
+
+
 async def return_a_lock(session: AsyncSession, n: int) -> Any:
     """Insert, then return what cannot be pickled: the unit must roll back."""
     session.add(_row(n))

@@ -165,7 +165,10 @@ class SlidingWindow:
 
 
 class InPlace:
-    """A lone unit's run (``submit()``): its one worker retries the unit itself, after a back-off."""
+    """
+    Each worker retries its unit itself, after a back-off: a lone unit's run (``submit()``), and a
+    ProcessRunner worker's call, whose input waits for the parent (``BaseRunner._feed``).
+    """
 
     hands_off_retries: bool = False
     between: Callable[[], Awaitable[None]] | None = None

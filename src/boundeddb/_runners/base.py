@@ -31,7 +31,7 @@ from .._core.background import Background
 from .._core.feedback import Feedback
 from .._core.journalled import JournalledRun, Units
 from .._core.limiter import Limiter, Slot
-from .._core.pacing import Executor, Pacer, SlidingWindow, drive
+from .._core.pacing import IN_PLACE, Executor, Pacer, SlidingWindow, drive
 from .._core.recorder import LoopLag, NullRecorder, Recorder
 from .._core.run import Run, SinkT
 from .._core.sinks import CallbackSink, ListSink, StreamSink
@@ -239,12 +239,14 @@ class BaseRunner:
         feedback: Feedback | None = None,
         workers: int | None = None,
         slot: Slot | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         size = 1 if self._batch is None else self._batch.size
         if workers is None:
             wanted = run.size if size == 1 or run.size == math.inf else math.ceil(run.size / size)
             workers = int(min(self._limiter.share(run.priority), max(1, wanted)))
-        pacer, controller = self._new_pacer(workers), self._controller if adapt else None
+        pacer = self._new_pacer(workers) if pacer is None else pacer
+        controller = self._controller if adapt else None
         # A batch waits for an async input with a deadline: a task of its own pulls it ahead.
         read_ahead = None if self._batch is None else run.read_ahead(self._max_limit * size)
         await drive(run, self._executor, self._attempts, pacer, self._limiter, workers, loop_lag=loop_lag,
@@ -316,6 +318,14 @@ class BaseRunner:
         return map_units(fn, items, journal, name, engine, dialect, self._attempts, async_units=asyncs)
 
     async def _feed(self, units: AsyncIterable[Any], settled: Callable[[Outcome[Any]], None]) -> None:
-        """Run a ProcessRunner worker's call: ``units``, each outcome handed to ``settled`` on the loop."""
+        """
+        Run a ProcessRunner worker's call: ``units``, each outcome handed to ``settled`` on the loop.
+
+        Each worker retries its unit itself, after a back-off without its slot (``IN_PLACE``). A unit
+        handed to a worker of its own would need one more slot than the workers, who hold theirs while
+        ``units`` waits for the parent, which sends no more once its input ran out and closes the call
+        only once every unit handed out has settled: the retry would wait for ever.
+        """
         with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
-            await self._drive(self._new_run(units, CallbackSink(settled), recorder, priority=0))
+            run = self._new_run(units, CallbackSink(settled), recorder, priority=0)
+            await self._drive(run, pacer=IN_PLACE)
