@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import Pool
 
 from tests.chaos.config import Config
 from tests.chaos.records import Lines
@@ -58,9 +59,16 @@ def make_sync_engine(config: Config, driver: str, app: str, pool_size: int, disc
     return engine
 
 
-def watch_discards(engine: Engine | AsyncEngine, app: str, discards: Lines) -> None:
-    """Write down each connection the pool discards (invalidated or closed), with the server's id of it."""
-    pool = (engine.sync_engine if isinstance(engine, AsyncEngine) else engine).pool
+def watch_discards(engine: Engine | AsyncEngine | type[Pool], app: str, discards: Lines) -> None:
+    """
+    Write down each connection the pool discards (invalidated or closed), with the server's id of it;
+    of every pool of this process, given the class ``Pool`` (a ProcessRunner's worker).
+    """
+    pool: Any = (
+        engine
+        if isinstance(engine, type)
+        else (engine.sync_engine if isinstance(engine, AsyncEngine) else engine).pool
+    )
 
     def on_connect(dbapi_connection: Any, record: Any) -> None:
         record.info["chaos_id"] = server_id(dbapi_connection)

@@ -15,7 +15,9 @@ import asyncio
 import faulthandler
 import functools
 import itertools
+import json
 import logging
+import os
 import random
 import signal
 import subprocess
@@ -32,6 +34,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import Pool
 
 from boundeddb import (
     ChunkedRunner,
@@ -43,7 +46,7 @@ from boundeddb import (
     ThreadOffloadRunner,
 )
 from tests.chaos.config import Config, Job
-from tests.chaos.engines import make_async_engine, make_sync_engine, proxied_url
+from tests.chaos.engines import make_async_engine, make_sync_engine, proxied_url, watch_discards
 from tests.chaos.records import Lines
 from tests.chaos.schema import LOADED
 
@@ -61,6 +64,8 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     ],
     "processes": [("processes", "asyncpg"), ("processes", "psycopg"), ("processes-batch", "asyncpg")],
 }
+#: The environment variable that tells a ProcessRunner worker where to write down its discards.
+_WORKER_DISCARDS = "CHAOS_WORKER_DISCARDS"
 _LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 #: What a driver raises for a connection that failed: what a map()'s lookup raises once its retries ran out.
 _DRIVER_ERRORS = (sa_exc.DBAPIError, OSError, TimeoutError)
@@ -150,6 +155,8 @@ async def _run_processes(config: Config, job: Job, job_id: str, variant: tuple[s
     if kind.endswith("-batch"):
         options["batch"] = 20
     fn = functools.partial(bump_async if driver == "asyncpg" else bump_sync, job_id)
+    # Its workers, spawned, inherit this and write down the connections they discard (the module's end).
+    os.environ[_WORKER_DISCARDS] = json.dumps({"out": str(config.out), "app": app})
     async with ProcessRunner(
         proxied_url(config, driver), limit=job.limit, processes=2,
         engine_options={"connect_args": connect_args}, **options,
@@ -380,6 +387,18 @@ class _suppress_gone:
 
         return kind is not None and issubclass(kind, psutil.NoSuchProcess)
 
+
+def _watch_worker_discards() -> None:
+    """In a ProcessRunner worker of a ``processes`` job: write down every connection its pools discard."""
+    spec = os.environ.get(_WORKER_DISCARDS)
+    if spec:
+        where = json.loads(spec)
+        # One file for all workers: each line is one append (O_APPEND), whole, whichever process writes it.
+        watch_discards(Pool, where["app"], Lines(Path(where["out"]), "discards", f"{where['app']}-workers"))
+
+
+if __name__ == "__mp_main__":  # a ProcessRunner's worker, spawned: it runs this module under that name
+    _watch_worker_discards()
 
 if __name__ == "__main__":
     _config = Config.load(Path(sys.argv[1]))
