@@ -18,6 +18,7 @@ Through a pooler (PgBouncer) the driver's pid is not the server's, and nothing i
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -41,6 +42,8 @@ PROMISE_S = 2.0
 #: How long the proxy keeps a cut connection's server side open, or holds a statement back: far
 #: longer than the promise, so that only an ended backend passes.
 HELD_S = 8.0
+#: How long new connections are refused after the COMMIT is lost (the side connection tried again).
+REFUSED_S = 1.5
 #: The advisory lock the unit takes and that must be free again once its backend has ended.
 LOCK = 54_004
 ASYNC_DRIVERS = ["asyncpg", "psycopg"]
@@ -186,4 +189,30 @@ async def test_a_timed_out_statement_whose_cancel_was_lost_never_runs(world: Wor
     assert time.monotonic() - started < HELD_S  # the statement was still held back when the unit timed out
     ended = await anyio.to_thread.run_sync(world.ended_within, pids[0], PROMISE_S)
     assert ended is not None, f"backend {pids[0]} still on the server {PROMISE_S} s after its unit timed out"
+    assert await anyio.to_thread.run_sync(world.lock_free)
+
+
+@pytest.mark.parametrize("kind", ["semaphore-asyncpg", "threads-psycopg"])
+async def test_a_backend_is_ended_once_the_server_can_be_reached_again(world: World, kind: str) -> None:
+    """New connections refused as the COMMIT is lost: the side connection is tried again, ends the backend."""
+    pids: list[int] = []
+    if kind.startswith("threads"):
+
+        def unit(session: Session) -> None:
+            pids.append(_pid_and_lock_sync(session))
+
+    else:
+
+        async def unit(session: AsyncSession) -> None:  # type: ignore[misc]
+            pids.append(await _pid_and_lock_async(session))
+
+    def refuse_then_allow() -> None:
+        world.proxy.refuse_new(True)
+        threading.Timer(REFUSED_S, world.proxy.refuse_new, (False,)).start()
+
+    world.proxy.arm_commit("drop", then=refuse_then_allow)
+    outcome = await _run_one(world.runner(kind), unit)
+    assert outcome.commit_unknown, outcome
+    ended = await anyio.to_thread.run_sync(world.ended_within, pids[0], REFUSED_S + PROMISE_S)
+    assert ended is not None, f"backend {pids[0]} still on the server after the server could be reached again"
     assert await anyio.to_thread.run_sync(world.lock_free)

@@ -100,8 +100,9 @@ def _left_sql(backends: Sequence[BackendId]) -> str:
 def end_backends(target: SideTarget, backends: Sequence[BackendId]) -> None:
     """
     Terminate ``backends`` from a side connection to ``target``'s server and wait until they are
-    gone, all within :data:`~boundeddb._dialects.enders.END_WAIT_S`. A connection refused (the
-    network or the server down for a moment) is tried again meanwhile. Failures are logged.
+    gone, all within :data:`~boundeddb._dialects.enders.END_WAIT_S`. A side connection that cannot be
+    opened or is lost (the network or the server down for a moment) is opened again meanwhile.
+    Failures are logged.
     """
     deadline = time.monotonic() + END_WAIT_S
     try:
@@ -114,30 +115,29 @@ def end_backends(target: SideTarget, backends: Sequence[BackendId]) -> None:
         logger.warning("PostgreSQL: ending discarded connections' backend(s) %s failed: %s", pids, error)
 
 
-def _connect_sync(target: SideTarget, deadline: float) -> Any:
-    if target.driver == "psycopg2":
-        import psycopg2  # type: ignore[import-untyped,unused-ignore]
-
-        connect: Any = psycopg2.connect
-    else:
-        import psycopg
-
-        connect = psycopg.connect
+def _end_sync(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
     while True:
         try:
-            connection = connect(**target.arguments)
+            _attempt_sync(target, backends, deadline)
+            return
         except Exception:
             if time.monotonic() + _RETRY_S > deadline:
                 raise
             time.sleep(_RETRY_S)
-        else:
-            connection.autocommit = True
-            return connection
 
 
-def _end_sync(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
-    connection = _connect_sync(target, deadline)
+def _attempt_sync(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
+    """One side connection: terminate, then wait until the backends are gone or the deadline passed."""
+    if target.driver == "psycopg2":
+        import psycopg2  # type: ignore[import-untyped,unused-ignore]
+
+        connection: Any = psycopg2.connect(**target.arguments)
+    else:
+        import psycopg
+
+        connection = psycopg.connect(**target.arguments)
     try:
+        connection.autocommit = True
         cursor = connection.cursor()
         cursor.execute(_terminate_sql(backends))
         while True:
@@ -153,26 +153,33 @@ def _end_sync(target: SideTarget, backends: Sequence[BackendId], deadline: float
 
 
 async def _end_asyncpg(arguments: dict[str, Any], backends: Sequence[BackendId], deadline: float) -> None:
-    import asyncpg
-
     while True:
         try:
-            connection = await asyncpg.connect(**arguments)
+            await _attempt_asyncpg(arguments, backends, deadline)
+            return
         except Exception:
             if time.monotonic() + _RETRY_S > deadline:
                 raise
             await asyncio.sleep(_RETRY_S)
-        else:
-            break
+
+
+async def _attempt_asyncpg(arguments: dict[str, Any], backends: Sequence[BackendId], deadline: float) -> None:
+    """:func:`_attempt_sync` on asyncpg; each query gives up at the deadline (a frozen link)."""
+    import asyncpg
+
+    def left() -> float:
+        return max(_RETRY_S, deadline - time.monotonic())
+
+    connection = await asyncpg.connect(**arguments)
     try:
-        await connection.fetchval(_terminate_sql(backends))
-        while await connection.fetchval(_left_sql(backends)):
+        await connection.fetchval(_terminate_sql(backends), timeout=left())
+        while await connection.fetchval(_left_sql(backends), timeout=left()):
             if time.monotonic() > deadline:
                 _not_ended(backends)
                 return
             await asyncio.sleep(_POLL_S)
     finally:
-        await connection.close()
+        connection.terminate()
 
 
 def _not_ended(backends: Sequence[BackendId]) -> None:
