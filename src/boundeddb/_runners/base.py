@@ -230,17 +230,11 @@ class BaseRunner:
             batched=self._batch is not None if batched is None else batched,
         )
 
-    async def _drive(
-        self,
-        run: Run[Any],
-        loop_lag: LoopLag | None = None,
-        *,
-        adapt: bool = True,
-        feedback: Feedback | None = None,
-        workers: int | None = None,
-        slot: Slot | None = None,
-        pacer: Pacer | None = None,
-    ) -> None:
+    # fmt: off
+    async def _drive(self, run: Run[Any], loop_lag: LoopLag | None = None, *, adapt: bool = True,
+                     feedback: Feedback | None = None, workers: int | None = None, slot: Slot | None = None,
+                     pacer: Pacer | None = None) -> None:
+        # fmt: on
         size = 1 if self._batch is None else self._batch.size
         if workers is None:
             wanted = run.size if size == 1 or run.size == math.inf else math.ceil(run.size / size)
@@ -318,14 +312,8 @@ class BaseRunner:
         return map_units(fn, items, journal, name, engine, dialect, self._attempts, async_units=asyncs)
 
     async def _feed(self, units: AsyncIterable[Any], settled: Callable[[Outcome[Any]], None]) -> None:
-        """
-        Run a ProcessRunner worker's call: ``units``, each outcome handed to ``settled`` on the loop.
-
-        Each worker retries its unit itself, after a back-off without its slot (``IN_PLACE``). A unit
-        handed to a worker of its own would need one more slot than the workers, who hold theirs while
-        ``units`` waits for the parent, which sends no more once its input ran out and closes the call
-        only once every unit handed out has settled: the retry would wait for ever.
-        """
+        """Run a ProcessRunner worker's call: ``units``, each outcome handed to ``settled`` on the loop."""
+        # IN_PLACE: a retry needs no slot beyond its worker's ("The core", docs/explanation/architecture.md).
         with self._bound(), self._observers.recording(self._engine.pool, keep_latencies=False) as recorder:
             run = self._new_run(units, CallbackSink(settled), recorder, priority=0)
             await self._drive(run, pacer=IN_PLACE)
