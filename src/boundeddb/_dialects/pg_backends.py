@@ -50,6 +50,8 @@ _CONNECT_S = 2
 _POLL_S = 0.005
 #: Seconds between attempts to open the side connection.
 _RETRY_S = 0.1
+#: The most seconds one of its queries may take on asyncpg (they take milliseconds).
+_QUERY_S = 1.5
 #: A backend's start, as microseconds since 1970: an integer, whatever the session's settings.
 _STARTED = "CAST(extract(epoch FROM backend_start) * 1000000 AS bigint)"
 #: This connection's backend: its pid and start.
@@ -167,8 +169,8 @@ async def _attempt_asyncpg(arguments: dict[str, Any], backends: Sequence[Backend
     """:func:`_attempt_sync` on asyncpg; each query gives up at the deadline (a frozen link)."""
     import asyncpg
 
-    def left() -> float:
-        return max(_RETRY_S, deadline - time.monotonic())
+    def left() -> float:  # a query gives up early: another connection may not meet a frozen link
+        return max(_RETRY_S, min(_QUERY_S, deadline - time.monotonic()))
 
     connection = await asyncpg.connect(**arguments)
     try:
