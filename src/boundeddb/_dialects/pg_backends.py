@@ -50,8 +50,6 @@ _CONNECT_S = 2
 _POLL_S = 0.005
 #: Seconds between attempts to open the side connection.
 _RETRY_S = 0.1
-#: The most seconds one of its queries may take on asyncpg (they take milliseconds).
-_QUERY_S = 1.5
 #: A backend's start, as microseconds since 1970: an integer, whatever the session's settings.
 _STARTED = "CAST(extract(epoch FROM backend_start) * 1000000 AS bigint)"
 #: This connection's backend: its pid and start.
@@ -102,9 +100,8 @@ def _left_sql(backends: Sequence[BackendId]) -> str:
 def end_backends(target: SideTarget, backends: Sequence[BackendId]) -> None:
     """
     Terminate ``backends`` from a side connection to ``target``'s server and wait until they are
-    gone, all within :data:`~boundeddb._dialects.enders.END_WAIT_S`. A side connection that cannot be
-    opened or is lost (the network or the server down for a moment) is opened again meanwhile.
-    Failures are logged.
+    gone, all within :data:`~boundeddb._dialects.enders.END_WAIT_S`. A connection refused (the
+    network or the server down for a moment) is tried again meanwhile. Failures are logged.
     """
     deadline = time.monotonic() + END_WAIT_S
     try:
@@ -117,29 +114,30 @@ def end_backends(target: SideTarget, backends: Sequence[BackendId]) -> None:
         logger.warning("PostgreSQL: ending discarded connections' backend(s) %s failed: %s", pids, error)
 
 
-def _end_sync(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
+def _connect_sync(target: SideTarget, deadline: float) -> Any:
+    if target.driver == "psycopg2":
+        import psycopg2  # type: ignore[import-untyped,unused-ignore]
+
+        connect: Any = psycopg2.connect
+    else:
+        import psycopg
+
+        connect = psycopg.connect
     while True:
         try:
-            _attempt_sync(target, backends, deadline)
-            return
+            connection = connect(**target.arguments)
         except Exception:
             if time.monotonic() + _RETRY_S > deadline:
                 raise
             time.sleep(_RETRY_S)
+        else:
+            connection.autocommit = True
+            return connection
 
 
-def _attempt_sync(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
-    """One side connection: terminate, then wait until the backends are gone or the deadline passed."""
-    if target.driver == "psycopg2":
-        import psycopg2  # type: ignore[import-untyped,unused-ignore]
-
-        connection: Any = psycopg2.connect(**target.arguments)
-    else:
-        import psycopg
-
-        connection = psycopg.connect(**target.arguments)
+def _end_sync(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
+    connection = _connect_sync(target, deadline)
     try:
-        connection.autocommit = True
         cursor = connection.cursor()
         cursor.execute(_terminate_sql(backends))
         while True:
@@ -155,33 +153,26 @@ def _attempt_sync(target: SideTarget, backends: Sequence[BackendId], deadline: f
 
 
 async def _end_asyncpg(arguments: dict[str, Any], backends: Sequence[BackendId], deadline: float) -> None:
+    import asyncpg
+
     while True:
         try:
-            await _attempt_asyncpg(arguments, backends, deadline)
-            return
+            connection = await asyncpg.connect(**arguments)
         except Exception:
             if time.monotonic() + _RETRY_S > deadline:
                 raise
             await asyncio.sleep(_RETRY_S)
-
-
-async def _attempt_asyncpg(arguments: dict[str, Any], backends: Sequence[BackendId], deadline: float) -> None:
-    """:func:`_attempt_sync` on asyncpg; each query gives up at the deadline (a frozen link)."""
-    import asyncpg
-
-    def left() -> float:  # a query gives up early: another connection may not meet a frozen link
-        return max(_RETRY_S, min(_QUERY_S, deadline - time.monotonic()))
-
-    connection = await asyncpg.connect(**arguments)
+        else:
+            break
     try:
-        await connection.fetchval(_terminate_sql(backends), timeout=left())
-        while await connection.fetchval(_left_sql(backends), timeout=left()):
+        await connection.fetchval(_terminate_sql(backends))
+        while await connection.fetchval(_left_sql(backends)):
             if time.monotonic() > deadline:
                 _not_ended(backends)
                 return
             await asyncio.sleep(_POLL_S)
     finally:
-        connection.terminate()
+        await connection.close()
 
 
 def _not_ended(backends: Sequence[BackendId]) -> None:
