@@ -143,6 +143,21 @@ def _pid_and_lock_sync(session: Session) -> int:
     return int(session.execute(text("SELECT pg_backend_pid()")).scalar_one())
 
 
+def _locking_unit(kind: str, pids: list[int]) -> Any:
+    """A unit for a runner of ``kind``: takes the advisory lock, appends its backend's pid to ``pids``."""
+    if kind.startswith("threads"):
+
+        def unit(session: Session) -> None:
+            pids.append(_pid_and_lock_sync(session))
+
+        return unit
+
+    async def async_unit(session: AsyncSession) -> None:
+        pids.append(await _pid_and_lock_async(session))
+
+    return async_unit
+
+
 async def _run_one(runner: Any, unit: Any) -> Any:
     async with runner:
         report = await runner.run([unit])
@@ -154,16 +169,7 @@ async def _run_one(runner: Any, unit: Any) -> Any:
 async def test_a_dropped_commit_ends_its_backend(world: World, kind: str) -> None:
     """A COMMIT that never reaches the server: its backend (idle in transaction, a lock held) ends at once."""
     pids: list[int] = []
-    if kind.startswith("threads"):
-
-        def unit(session: Session) -> None:
-            pids.append(_pid_and_lock_sync(session))
-
-    else:
-
-        async def unit(session: AsyncSession) -> None:  # type: ignore[misc]
-            pids.append(await _pid_and_lock_async(session))
-
+    unit = _locking_unit(kind, pids)
     trap = world.proxy.arm_commit("drop")
     outcome = await _run_one(world.runner(kind), unit)
     assert trap.fired.is_set()
@@ -196,15 +202,7 @@ async def test_a_timed_out_statement_whose_cancel_was_lost_never_runs(world: Wor
 async def test_a_backend_is_ended_once_the_server_can_be_reached_again(world: World, kind: str) -> None:
     """New connections refused as the COMMIT is lost: the side connection is tried again, ends the backend."""
     pids: list[int] = []
-    if kind.startswith("threads"):
-
-        def unit(session: Session) -> None:
-            pids.append(_pid_and_lock_sync(session))
-
-    else:
-
-        async def unit(session: AsyncSession) -> None:  # type: ignore[misc]
-            pids.append(await _pid_and_lock_async(session))
+    unit = _locking_unit(kind, pids)
 
     def refuse_then_allow() -> None:
         world.proxy.refuse_new(True)
