@@ -138,6 +138,11 @@ class FaultProxy:
         self._traps: list[CommitTrap] = []
         self._hold: asyncio.Event | None = None
         self._refusing = False
+        #: What :meth:`freeze_at` waits for, and how many links it has yet to freeze.
+        self._freeze_needle = b""
+        self._freezes_left = 0
+        #: Links frozen by :meth:`freeze_at`.
+        self.frozen_at = 0
         self._latency_until = 0.0
         self._latency_max = 0.0
         self._latency_rng = random.Random(0)
@@ -222,6 +227,16 @@ class FaultProxy:
             for link in self._links.values():
                 link.delay = 0.0
 
+    def freeze_at(self, needle: bytes, count: int = 1) -> None:
+        """
+        The next ``count`` links to send a chunk holding ``needle`` freeze there: the chunk never
+        reaches the server, nothing flows either way, until the proxy closes.
+        """
+        self._loop.call(self._set_freeze(needle, count))
+
+    async def _set_freeze(self, needle: bytes, count: int) -> None:
+        self._freeze_needle, self._freezes_left = needle, count
+
     def hold_next_statement(self, seconds: float) -> None:
         """
         The next message each open connection sends to the server waits ``seconds`` first; new
@@ -283,6 +298,9 @@ class FaultProxy:
             return
         if self._hold is not None:
             await self._hold.wait()
+            if _client_left(client_in, client_out):
+                _close(client_out)  # it gave up while held: the server never hears of it
+                return
         try:
             if isinstance(self._upstream, str):
                 server_in, server_out = await asyncio.open_unix_connection(self._upstream, limit=_CHUNK)
@@ -345,6 +363,12 @@ class FaultProxy:
                 if link.hold_next:
                     held, link.hold_next = link.hold_next, 0.0
                     await asyncio.sleep(held)
+                if self._freezes_left and self._freeze_needle in data:
+                    self._freezes_left -= 1
+                    self.frozen_at += 1
+                    link.flowing.clear()
+                    await link.flowing.wait()
+                    break
                 out = bytearray()
                 for message, is_commit in split.feed(data):
                     if is_commit and (trap := self._take_trap()) is not None:
@@ -446,6 +470,11 @@ class _MySQLSplitter:
 def _is_commit_text(text: bytes) -> bool:
     """``COMMIT`` as asyncpg (``COMMIT;``), libpq (``COMMIT``) and the MySQL drivers spell it."""
     return text.rstrip(b"\x00").strip().rstrip(b";").strip().upper() == b"COMMIT"
+
+
+def _client_left(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Whether a client closed or reset its connection (a FIN read, even with data still unread)."""
+    return writer.is_closing() or reader.at_eof() or bool(getattr(reader, "_eof", False))
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:

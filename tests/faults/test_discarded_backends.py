@@ -10,7 +10,9 @@ proxy between the runner and the server and asks the server, straight, about the
   a real network failure): the backend, idle in its transaction and holding a lock, must end within
   :data:`PROMISE_S`, not when the network gives up;
 - a unit that times out while the proxy holds its statement back, so that the runner's cancel request
-  reaches the server first and is dropped: the backend must end before the statement can run.
+  reaches the server first and is dropped: the backend must end before the statement can run;
+- the side connection that ends it frozen on its way (a half-open link): another one must end it
+  within the same promise.
 
 Through a pooler (PgBouncer) the driver's pid is not the server's, and nothing is terminated:
 ``tests/stacks/test_pgbouncer.py``.
@@ -213,4 +215,19 @@ async def test_a_backend_is_ended_once_the_server_can_be_reached_again(world: Wo
     assert outcome.commit_unknown, outcome
     ended = await anyio.to_thread.run_sync(world.ended_within, pids[0], REFUSED_S + PROMISE_S)
     assert ended is not None, f"backend {pids[0]} still on the server after the server could be reached again"
+    assert await anyio.to_thread.run_sync(world.lock_free)
+
+
+@pytest.mark.parametrize("kind", ["semaphore-asyncpg", "threads-psycopg", "threads-psycopg2"])
+async def test_a_side_connection_frozen_on_its_way_is_given_up_for_another(world: World, kind: str) -> None:
+    """The side connection's link freezes as it asks to end the backend: another one ends it in time."""
+    pids: list[int] = []
+    unit = _locking_unit(kind, pids)
+    world.proxy.freeze_at(b"pg_terminate_backend")
+    world.proxy.arm_commit("drop")
+    outcome = await _run_one(world.runner(kind), unit)
+    assert outcome.commit_unknown, outcome
+    ended = await anyio.to_thread.run_sync(world.ended_within, pids[0], PROMISE_S)
+    assert world.proxy.frozen_at == 1  # the first side connection froze
+    assert ended is not None, f"backend {pids[0]} still on the server {PROMISE_S} s after, its ender frozen"
     assert await anyio.to_thread.run_sync(world.lock_free)

@@ -21,10 +21,13 @@ The side connection is opened from the engine's URL with the driver's own connec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
+import socket
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +53,11 @@ _CONNECT_S = 2
 _POLL_S = 0.005
 #: Seconds between attempts to open the side connection.
 _RETRY_S = 0.1
+#: The most seconds one query of the side connection may take (they take milliseconds): a link frozen
+#: under it then costs another connection, not the whole wait, within the second a backend may run on.
+_QUERY_S = 0.5
+#: The most seconds one of its queries may take on asyncpg (they take milliseconds).
+_QUERY_S = 1.5
 #: A backend's start, as microseconds since 1970: an integer, whatever the session's settings.
 _STARTED = "CAST(extract(epoch FROM backend_start) * 1000000 AS bigint)"
 #: This connection's backend: its pid and start.
@@ -100,79 +108,136 @@ def _left_sql(backends: Sequence[BackendId]) -> str:
 def end_backends(target: SideTarget, backends: Sequence[BackendId]) -> None:
     """
     Terminate ``backends`` from a side connection to ``target``'s server and wait until they are
-    gone, all within :data:`~boundeddb._dialects.enders.END_WAIT_S`. A connection refused (the
-    network or the server down for a moment) is tried again meanwhile. Failures are logged.
+    gone, all within :data:`~boundeddb._dialects.enders.END_WAIT_S`. A side connection that cannot be
+    opened, fails, or whose query takes longer than :data:`_QUERY_S` (a frozen link) is given up and
+    another one opened meanwhile. Failures are logged.
     """
     deadline = time.monotonic() + END_WAIT_S
-    try:
-        if target.driver == "asyncpg":
-            asyncio.run(_end_asyncpg(target.arguments, backends, deadline))
-        else:
-            _end_sync(target, backends, deadline)
-    except Exception as error:
-        pids = ", ".join(str(b.pid) for b in backends)
-        logger.warning("PostgreSQL: ending discarded connections' backend(s) %s failed: %s", pids, error)
+    attempt = _attempt_asyncpg if target.driver == "asyncpg" else _attempt_sync
+    while True:
+        try:
+            attempt(target, backends, deadline)
+            return
+        except Exception as error:
+            if time.monotonic() + _RETRY_S > deadline:
+                pids = ", ".join(str(b.pid) for b in backends)
+                logger.warning("PostgreSQL: ending discarded backend(s) %s failed: %s", pids, error)
+                return
+            logger.debug("PostgreSQL: a side connection failed, opening another: %s", error)
+            time.sleep(_RETRY_S)
 
 
-def _connect_sync(target: SideTarget, deadline: float) -> Any:
+def _query_s(deadline: float) -> float:
+    """How long the side connection's next query may take: :data:`_QUERY_S`, at most until ``deadline``."""
+    return max(_RETRY_S, min(_QUERY_S, deadline - time.monotonic()))
+
+
+def _attempt_sync(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
+    """One side connection on psycopg or psycopg2: terminate, then wait until the backends are gone."""
     if target.driver == "psycopg2":
         import psycopg2  # type: ignore[import-untyped,unused-ignore]
 
-        connect: Any = psycopg2.connect
+        connection: Any = psycopg2.connect(**target.arguments)
     else:
         import psycopg
 
-        connect = psycopg.connect
-    while True:
-        try:
-            connection = connect(**target.arguments)
-        except Exception:
-            if time.monotonic() + _RETRY_S > deadline:
-                raise
-            time.sleep(_RETRY_S)
-        else:
-            connection.autocommit = True
-            return connection
-
-
-def _end_sync(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
-    connection = _connect_sync(target, deadline)
+        connection = psycopg.connect(**target.arguments)
     try:
+        connection.autocommit = True
         cursor = connection.cursor()
-        cursor.execute(_terminate_sql(backends))
-        while True:
-            cursor.execute(_left_sql(backends))
-            if not cursor.fetchone()[0]:
-                return
-            if time.monotonic() > deadline:
-                _not_ended(backends)
-                return
-            time.sleep(_POLL_S)
+        with _Watchdog(connection.fileno()) as watchdog:
+            with watchdog.armed(_query_s(deadline)):
+                cursor.execute(_terminate_sql(backends))
+            while True:
+                with watchdog.armed(_query_s(deadline)):
+                    cursor.execute(_left_sql(backends))
+                    left = cursor.fetchone()[0]
+                if not left:
+                    return
+                if time.monotonic() > deadline:
+                    _not_ended(backends)
+                    return
+                time.sleep(_POLL_S)
     finally:
         connection.close()
+
+
+class _Watchdog:
+    """
+    Shuts a blocking connection's socket down when a query outlives its time: the driver then fails it.
+
+    A link frozen half-open never answers; a blocking driver would wait for it until the deadline.
+    """
+
+    def __init__(self, fileno: int) -> None:
+        self._fileno = fileno
+        self._condition = threading.Condition()
+        self._until: float | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._watch, name="boundeddb-end-watchdog", daemon=True)
+
+    def __enter__(self) -> _Watchdog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with self._condition:
+            self._closed = True
+            self._condition.notify()
+        self._thread.join()
+
+    @contextlib.contextmanager
+    def armed(self, seconds: float) -> Iterator[None]:
+        """Shut the socket down if the block takes more than ``seconds``."""
+        with self._condition:
+            self._until = time.monotonic() + seconds
+            self._condition.notify()
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._until = None
+
+    def _watch(self) -> None:
+        with self._condition:
+            while not self._closed:
+                if self._until is None:
+                    self._condition.wait()
+                elif time.monotonic() < self._until:
+                    self._condition.wait(self._until - time.monotonic())
+                else:
+                    self._until = None
+                    with (
+                        contextlib.suppress(OSError, ValueError),
+                        socket.fromfd(self._fileno, socket.AF_INET, socket.SOCK_STREAM) as side,
+                    ):  # a duplicate of the descriptor: shutting it down ends the connection
+                        side.shutdown(socket.SHUT_RDWR)
+
+
+def _attempt_asyncpg(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
+    """One side connection on asyncpg, in an event loop of its own: :func:`_attempt_sync`'s steps."""
+    asyncio.run(_end_asyncpg(target.arguments, backends, deadline))
 
 
 async def _end_asyncpg(arguments: dict[str, Any], backends: Sequence[BackendId], deadline: float) -> None:
     import asyncpg
 
-    while True:
-        try:
-            connection = await asyncpg.connect(**arguments)
-        except Exception:
-            if time.monotonic() + _RETRY_S > deadline:
-                raise
-            await asyncio.sleep(_RETRY_S)
-        else:
-            break
+    # This loop's stray errors (asyncpg's on a connection given up) are the side connection's own.
+    asyncio.get_running_loop().set_exception_handler(_side_loop_error)
+    connection = await asyncpg.connect(**arguments)
     try:
-        await connection.fetchval(_terminate_sql(backends))
-        while await connection.fetchval(_left_sql(backends)):
+        await asyncio.wait_for(connection.fetchval(_terminate_sql(backends)), _query_s(deadline))
+        while await asyncio.wait_for(connection.fetchval(_left_sql(backends)), _query_s(deadline)):
             if time.monotonic() > deadline:
                 _not_ended(backends)
                 return
             await asyncio.sleep(_POLL_S)
     finally:
-        await connection.close()
+        connection.terminate()
+
+
+def _side_loop_error(_: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    logger.debug("PostgreSQL: side connection: %s", context.get("message"), exc_info=context.get("exception"))
 
 
 def _not_ended(backends: Sequence[BackendId]) -> None:
