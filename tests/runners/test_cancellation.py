@@ -198,6 +198,21 @@ async def test_repeated_random_cancellation_leaks_nothing_into_the_loop(kit: Kit
     assert (await runner.run([kit.select(3)])).values() == [3]
 
 
+def _asyncpg_probe_noise(context: dict[str, Any]) -> bool:
+    """
+    Whether ``context`` is asyncpg's own stray error for a connect cancelled as its TLS probe's socket
+    opened: the probe's future, failed by ``connection_lost()`` with no one left to await it
+    (MagicStack/asyncpg#1211 and #1310, open in 0.32). The driver's, not boundeddb's; it comes in
+    about 1 of 10 runs of this test beside two busy processes.
+    """
+    error = context.get("exception")
+    return (
+        context.get("message") == "Future exception was never retrieved"
+        and type(error) is ConnectionError
+        and str(error) == "unexpected connection_lost() call"
+    )
+
+
 #: Runs cancelled as their connections open, after 0 to 5 checkpoints in turn (in a soak, more).
 CONNECT_CANCELS = quick_or_long(12, 30)
 
@@ -228,7 +243,7 @@ async def test_a_run_cancelled_while_its_connections_open_leaks_nothing_into_the
                 assert runner.in_flight == 0, attempt
     finally:
         event.remove(kit.engine.sync_engine, "do_connect", on_connect)
-    assert [c.get("message") for c in seen] == []
+    assert [c.get("message") for c in seen if not _asyncpg_probe_noise(c)] == []
     kit.db.assert_no_open_transactions("after the cancelled runs")
     assert (await runner.run([kit.select(3)])).values() == [3]
 
