@@ -18,6 +18,7 @@ from ..scenarios import (
     fleet,
     journal,
     load,
+    load_parents,
     mixed_priorities,
     post002_mysql_sync_vs_async,
     post004_ping_under_slow_requests,
@@ -30,6 +31,7 @@ from . import batching as batching_report
 from . import fleet as fleet_report
 from . import journal as journal_report
 from . import load as load_report
+from . import load_parents as load_parents_report
 from . import mixed_priorities as mixed_report
 from . import processes as processes_report
 from .tables import median_rows, memory_table, sweep_table
@@ -117,6 +119,7 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
         out += lines
     section(journal.GROUP, "journal", journal_report.section)
     section(load.GROUP, "load", load_report.section)
+    section(load_parents.GROUP, "load_parents", load_parents_report.section)
     section("loop-lag", None, _loop_lag)
     section(post004_ping_under_slow_requests.GROUP, None, post004.section)
     section(post002_mysql_sync_vs_async.GROUP, "post_002", post002.section)
@@ -131,6 +134,7 @@ def render(env: dict[str, Any], results: list[Measurement]) -> tuple[str, dict[s
     data["targets"] += batching_report.targets(data.get("batching", {}))
     data["targets"] += journal_report.targets(data.get("journal", {}))
     data["targets"] += load_report.targets(data.get("load", {}))
+    data["targets"] += load_parents_report.targets(data.get("load_parents", {}))
     out += targets.lines(data["targets"])
     out += ["", "Measured earlier on this machine with hand-written scripts at N=35,000: "]
     out.append("; ".join(f"{k} {v}" for k, v in targets.PREVIOUS_35K.items()) + ".")

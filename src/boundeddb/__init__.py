@@ -22,6 +22,7 @@ from ._batch import BatchPolicy
 from ._errors import (
     BoundedDBError,
     LoadFailed,
+    RowRefused,
     RunFailed,
     RunnerBusyElsewhereError,
     RunnerClosedError,
@@ -59,6 +60,7 @@ __all__ = [
     "ProcessRunner",
     "RejectedRow",
     "RetryPolicy",
+    "RowRefused",
     "RunFailed",
     "RunReport",
     "RunStats",

@@ -6,6 +6,7 @@
      └── BoundedDBError
           ├── RunFailed               (also an ExceptionGroup of the units' own exceptions)
           ├── LoadFailed              (load() stopped: a refused row with errors="raise", or a failed chunk)
+          ├── RowRefused              (why load() rejected a row it found in a set, as the server says it)
           ├── UnitTimeout             (also a TimeoutError)
           ├── UnitMisuseError         (also a TypeError)
           ├── RunnerClosedError       (also a RuntimeError)
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BoundedDBError",
     "LoadFailed",
+    "RowRefused",
     "RunFailed",
     "RunnerBusyElsewhereError",
     "RunnerClosedError",
@@ -116,6 +118,58 @@ class LoadFailed(BoundedDBError):
 
 def _load_failed(message: str, report: LoadReport) -> LoadFailed:
     return LoadFailed(message, report=report)
+
+
+class RowRefused(BoundedDBError):
+    """
+    Why :meth:`~boundeddb.SemaphoreRunner.load` rejected a row that it found refused in a set, not by
+    sending it alone: the ``orig`` of the row's :class:`~sqlalchemy.exc.IntegrityError`, in place of the
+    driver's error, with what the server would have said.
+
+    Its first line and its ``DETAIL`` read as the server's message; ``sqlstate`` (also ``pgcode``, as
+    psycopg2 names it) and ``constraint_name`` (also ``diag.constraint_name``, as psycopg names it)
+    are the server's. Today: a row whose foreign key names no row on PostgreSQL
+    ("Rows that miss a parent" in the loads explanation).
+
+    .. versionadded:: 0.4.0
+    """
+
+    #: The server's SQLSTATE for the refusal, such as ``"23503"`` (foreign_key_violation).
+    sqlstate: str
+    #: The constraint that refused the row, as the database names it.
+    constraint_name: str
+    #: The table the row was for.
+    table_name: str
+    #: The refused key and its value, as the server's ``DETAIL`` gives them.
+    detail: str
+
+    def __init__(
+        self, message: str, *, sqlstate: str, constraint_name: str, table_name: str, detail: str
+    ) -> None:
+        super().__init__(f"{message}\nDETAIL:  {detail}")
+        self.sqlstate = sqlstate
+        self.constraint_name = constraint_name
+        self.table_name = table_name
+        self.detail = detail
+        self._message = message
+
+    @property
+    def pgcode(self) -> str:
+        """``sqlstate``, under psycopg2's name."""
+        return self.sqlstate
+
+    @property
+    def diag(self) -> RowRefused:
+        """This error, under psycopg's name for its diagnostics (``diag.constraint_name``)."""
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = (self._message, self.sqlstate, self.constraint_name, self.table_name, self.detail)
+        return (_row_refused, fields)
+
+
+def _row_refused(message: str, sqlstate: str, constraint: str, table: str, detail: str) -> RowRefused:
+    return RowRefused(message, sqlstate=sqlstate, constraint_name=constraint, table_name=table, detail=detail)
 
 
 class UnitTimeout(BoundedDBError, TimeoutError):

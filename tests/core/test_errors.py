@@ -15,6 +15,7 @@ from boundeddb import (
     LoadReport,
     Outcome,
     RejectedRow,
+    RowRefused,
     RunFailed,
     RunnerBusyElsewhereError,
     RunnerClosedError,
@@ -77,6 +78,7 @@ def test_every_exported_error_derives_from_bounded_db_error() -> None:
     assert set(errors) == {
         BoundedDBError,
         LoadFailed,
+        RowRefused,
         RunFailed,
         RunnerBusyElsewhereError,
         RunnerClosedError,

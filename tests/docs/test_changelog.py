@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 CHANGELOG = Path(__file__).resolve().parents[2] / "CHANGELOG.md"
-#: The most characters the whole file may have.
+#: The whole file stays under this many characters.
 MOST_CHARACTERS = 15_000
 #: The most words of one entry, its issue links and code names included ("about 60").
 MOST_WORDS = 70
@@ -32,7 +32,7 @@ def _entries(text: str) -> list[str]:
 
 
 def test_the_changelog_is_short() -> None:
-    assert len(CHANGELOG.read_text(encoding="utf-8")) <= MOST_CHARACTERS
+    assert len(CHANGELOG.read_text(encoding="utf-8")) < MOST_CHARACTERS
 
 
 def test_each_entry_says_it_in_two_sentences() -> None:

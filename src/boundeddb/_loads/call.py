@@ -26,6 +26,7 @@ from .._stats import RunStats
 from .chunks import Chunk, ChunkMaker
 from .keys import KeyCheck
 from .ranges import KEY_PREFIX, IndexRanges
+from .references import ReferenceCheck
 from .target import load_target
 from .units import AsyncChunkUnit, ChunkSettings, FirstRefused, SyncChunkUnit
 
@@ -99,12 +100,14 @@ class LoadCall:
         #: The journal's rows (``JournalRows``), made by the runner from ``journal=``, or None.
         self._journal = journal
         writer = bulk_writer(engine.dialect, self._target.table, self._target.needs_insert is not None)
-        keys = None
+        keys = references = None
         if writer.takes_records and not raise_first:  # with "raise", the first refused row ends the load
             keys = KeyCheck(self._target.table, engine.dialect)
+            if engine.dialect.name == "postgresql":  # its errors name the foreign key
+                references = ReferenceCheck(self._target.table, engine.dialect)
         settings = ChunkSettings(
             self._target, writer, self._journal, dialect, keys if keys and keys.usable else None,
-            raise_first=raise_first,
+            references if references and references.usable else None, raise_first=raise_first,
         )  # fmt: skip
         self._settings = settings
         self._names = names

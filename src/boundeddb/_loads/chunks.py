@@ -5,7 +5,7 @@ transaction of its own by a unit that finds and rejects the rows the database re
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import filterfalse, islice
 from operator import itemgetter
 from typing import Any
@@ -22,7 +22,7 @@ __all__ = ["Chunk", "ChunkMaker"]
 class Chunk:
     """Up to ``batch`` rows: their input indexes, the rows as given, and what the bulk statement sends."""
 
-    __slots__ = ("_data", "flat", "indexes", "rows", "runs")
+    __slots__ = ("_data", "flat", "indexes", "refused", "rows", "runs")
 
     def __init__(self, rows: list[Any], indexes: Sequence[int]) -> None:
         self.rows = rows
@@ -33,6 +33,8 @@ class Chunk:
         self.flat: FlatRows | None = None
         #: Where each run of rows of one shape starts: ``(shape, offset)``, in order.
         self.runs: list[tuple[Shape, int]] = []
+        #: The rows rejected before they were sent (:meth:`reject`), no longer among :attr:`rows`.
+        self.refused: list[RejectedRow] = []
 
     @property
     def data(self) -> list[Any]:
@@ -90,11 +92,27 @@ class Chunk:
         self.data = list(map(self.data.__getitem__, order))
         self.flat = None  # its records were reordered: the writer takes them
 
+    def reject(self, refused: Mapping[int, Exception]) -> None:
+        """
+        Reject the rows at the offsets of ``refused`` before they are sent, each for its error, keeping
+        the others in their order.
+        """
+        rows, indexes = self.rows, self.indexes
+        self.refused += [RejectedRow(indexes[at], rows[at], error) for at, error in sorted(refused.items())]
+        kept = list(filterfalse(refused.__contains__, range(len(self.rows))))
+        self.rows = list(map(self.rows.__getitem__, kept))
+        self.indexes = list(map(self.indexes.__getitem__, kept))
+        self.data = list(map(self.data.__getitem__, kept))
+        self.flat = None  # its records were taken apart: the writer takes them
+        self.runs = [(self.runs[0][0], 0)] if self.rows else []
+
     def result(self, search: RowSearch, journal: Any) -> tuple[ChunkResult, list[str]]:
         """The chunk's result once ``search`` ended, and the journal keys of the index runs it committed."""
         rejected = [
             RejectedRow(self.indexes[offset], self.rows[offset], error) for offset, error in search.rejected
         ]
+        loaded = len(self.rows) - len(rejected)
+        rejected += self.refused
         rejected.sort(key=lambda row: row.index)
         keys: list[str] = []
         if journal is not None:
@@ -106,7 +124,7 @@ class Chunk:
                 keys = IndexRanges.keys_of(
                     sorted(index for offset, index in enumerate(indexes) if offset not in refused)
                 )
-        return ChunkResult(len(self.rows) - len(rejected), rejected, search.sent), keys
+        return ChunkResult(loaded, rejected, search.sent), keys
 
 
 class ChunkMaker:

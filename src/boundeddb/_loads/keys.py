@@ -22,7 +22,7 @@ from sqlalchemy.sql import Select
 
 from .target import Shape
 
-__all__ = ["KeyCheck", "KeyQuery"]
+__all__ = ["KeyCheck", "KeyQuery", "plain_columns"]
 
 #: The most keys one statement asks for where they go one placeholder each (not PostgreSQL's arrays).
 KEYS_PER_STATEMENT: Final = 1000
@@ -45,14 +45,18 @@ def unique_keys(table: Table, dialect: SADialect) -> list[tuple[Column[Any], ...
     for columns in candidates:
         if not columns or not all(isinstance(c, Column) and c.table is table for c in columns):
             continue
-        plain = all(
-            c.type.dialect_impl(dialect).bind_processor(dialect) is None
-            and c.type.dialect_impl(dialect).result_processor(dialect, None) is None
-            for c in columns
-        )
-        if plain and tuple(columns) not in found:
+        if plain_columns(columns, dialect) and tuple(columns) not in found:
             found.append(tuple(columns))
     return found
+
+
+def plain_columns(columns: Sequence[Column[Any]], dialect: SADialect) -> bool:
+    """Whether the values of ``columns`` go to the driver and come back unprocessed: a query asks for them."""
+    return all(
+        c.type.dialect_impl(dialect).bind_processor(dialect) is None
+        and c.type.dialect_impl(dialect).result_processor(dialect, None) is None
+        for c in columns
+    )
 
 
 class KeyQuery:
@@ -63,8 +67,16 @@ class KeyQuery:
 
     __slots__ = ("array", "get", "single", "statement")
 
-    def __init__(self, columns: tuple[Column[Any], ...], names: list[str], *, arrays: bool) -> None:
-        self.get: Callable[[Any], Any] = itemgetter(*(names.index(c.name) for c in columns))
+    def __init__(
+        self,
+        columns: tuple[Column[Any], ...],
+        names: list[str],
+        *,
+        arrays: bool,
+        local: tuple[Column[Any], ...] | None = None,
+    ) -> None:
+        """``local``: the record's columns that hold the key, if not ``columns`` (a foreign key's)."""
+        self.get: Callable[[Any], Any] = itemgetter(*(names.index(c.name) for c in local or columns))
         self.single = len(columns) == 1
         #: Whether the statement takes every key as one array (PostgreSQL's one-column keys), not lists.
         self.array = self.single and arrays

@@ -20,6 +20,7 @@ from .._dialects.refusals import Refused, is_duplicate_key
 from .._outcome import ChunkResult, RejectedRow
 from .chunks import Chunk
 from .keys import KeyCheck, KeyQuery
+from .references import MissingQuery, ReferenceCheck
 from .target import LoadTarget
 
 __all__ = ["AsyncChunkUnit", "ChunkSettings", "ChunkUnit", "FirstRefused", "SyncChunkUnit"]
@@ -50,7 +51,7 @@ def _without_tracebacks(error: Exception) -> Exception:
 class ChunkSettings:
     """What every chunk unit of a call shares: where and how it writes, and what it does with a bad row."""
 
-    __slots__ = ("dialect", "journal", "keys", "raise_first", "table", "writer")
+    __slots__ = ("dialect", "journal", "keys", "raise_first", "references", "table", "writer")
 
     def __init__(
         self,
@@ -59,6 +60,7 @@ class ChunkSettings:
         journal: Any,
         dialect: Dialect,
         keys: KeyCheck | None,
+        references: ReferenceCheck | None = None,
         *,
         raise_first: bool,
     ) -> None:
@@ -70,19 +72,22 @@ class ChunkSettings:
         self.dialect = dialect
         #: The table's unique keys, checked before a chunk once a duplicate was refused; or None.
         self.keys = keys
+        #: The table's foreign keys, checked before a chunk once a row was refused for one; or None.
+        self.references = references
         self.raise_first = raise_first
 
 
 class ChunkUnit:
     """A unit that writes one chunk in its session's transaction."""
 
-    __slots__ = ("aside", "checked", "chunk", "settings")
+    __slots__ = ("aside", "checked", "chunk", "references_checked", "settings")
 
     def __init__(self, chunk: Chunk, settings: ChunkSettings) -> None:
         self.chunk = chunk
         self.settings = settings
-        #: Whether the chunk's keys were checked.
+        #: Whether the chunk's keys were checked, and its references.
         self.checked = False
+        self.references_checked = False
         #: The rows set aside at the chunk's end by the check: alone again in a retried transaction.
         self.aside = 0
 
@@ -98,12 +103,16 @@ class ChunkUnit:
             if offset is not None:  # the first refused row: found without a search
                 chunk = self.chunk
                 raise FirstRefused(RejectedRow(chunk.indexes[offset], chunk.rows[offset], refusal.error))
+        chunk = self.chunk
+        whole = len(chunk.runs) == 1 and attempt.rows == len(chunk.rows)  # nothing written nor refused yet
         keys = self.settings.keys
         if keys is not None and is_duplicate_key(refusal.error):
             keys.armed = True
-            chunk = self.chunk
-            if not self.checked and len(chunk.runs) == 1 and search.sent == attempt.rows == len(chunk.rows):
+            if not self.checked and whole and search.sent == attempt.rows:
                 return True
+        references = self.settings.references
+        if references is not None and references.arm(refusal.error) and not self.references_checked and whole:
+            return True
         search.refused(attempt, _without_tracebacks(refusal.error), offset)
         return False
 
@@ -119,6 +128,26 @@ class ChunkUnit:
             for parameters in query.parameters(chunk.data)
         ]
 
+    def _reference_queries(self) -> list[tuple[str, KeyQuery | MissingQuery, dict[str, Any]]] | None:
+        """The statements that ask for the chunk's parent rows, if the load met a missing one; else None."""
+        references, chunk = self.settings.references, self.chunk
+        if references is None or not references.armed or len(chunk.runs) != 1 or self.references_checked:
+            return None
+        self.references_checked = True
+        return [
+            (name, query, parameters)
+            for name, query in references.queries(chunk.runs[0][0])
+            for parameters in query.parameters(chunk.data)
+        ]
+
+    def _reject_missing(self, found: list[tuple[str, KeyQuery | MissingQuery, Sequence[Any]]]) -> None:
+        """Reject the rows whose parent ``found`` (each query's result rows) does not hold."""
+        references = self.settings.references
+        assert references is not None
+        refused = references.missing(self.chunk.data, found)
+        if refused:
+            self.chunk.reject(refused)
+
     def _set_aside(self, found: list[tuple[KeyQuery, Sequence[Any]]]) -> int:
         """Set aside the rows whose key the table (``found``) or an earlier row has: how many."""
         chunk, keys = self.chunk, self.settings.keys
@@ -129,11 +158,14 @@ class ChunkUnit:
         self.aside = len(offsets)
         return self.aside
 
-    def _check_failed(self, error: sa_exc.DBAPIError) -> None:
-        """The check's statement failed: it is not asked again in this load, unless the connection is lost."""
+    def _check_failed(self, error: sa_exc.DBAPIError, *, references: bool = False) -> None:
+        """A check's statement failed: it is not asked again in this load, unless the connection is lost."""
         if error.connection_invalidated:
             raise error
-        self.settings.keys = None
+        if references:
+            self.settings.references = None
+        else:
+            self.settings.keys = None
 
 
 class AsyncChunkUnit(ChunkUnit):
@@ -143,6 +175,22 @@ class AsyncChunkUnit(ChunkUnit):
 
     def __call__(self, session: AsyncSession) -> Any:
         return self._write(session)
+
+    async def _checks_async(self, connection: AsyncConnection) -> int:
+        """Reject the rows that miss a parent, then set the rows of keys already held aside: how many."""
+        queries = self._reference_queries()
+        if queries:
+            try:
+                found = [
+                    (name, query, (await connection.execute(query.statement, parameters)).all())
+                    for name, query, parameters in queries
+                ]
+            except sa_exc.DBAPIError as error:
+                self._check_failed(error, references=True)
+                await self.settings.writer.rollback_async(connection)
+            else:
+                self._reject_missing(found)
+        return await self._check_keys_async(connection)
 
     async def _check_keys_async(self, connection: AsyncConnection) -> int:
         """Set aside the chunk's rows of keys already held, if the load checks keys: how many."""
@@ -168,7 +216,7 @@ class AsyncChunkUnit(ChunkUnit):
             await connection.exec_driver_sql(prepare)
         writer, table = settings.writer, settings.table
         await writer.savepoint_async(connection, again=False)
-        search = RowSearch(len(chunk.rows), alone=await self._check_keys_async(connection))
+        search = RowSearch(len(chunk.rows), alone=await self._checks_async(connection))
         # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
         while (attempt := search.next()) is not None:
             for shape, statement, records in chunk.statements(attempt):
@@ -177,7 +225,7 @@ class AsyncChunkUnit(ChunkUnit):
                 except Refused as refusal:
                     await writer.rollback_async(connection)
                     if self._refused(search, attempt, statement, refusal):  # start again, keys checked
-                        alone = await self._check_keys_async(connection)
+                        alone = await self._checks_async(connection)
                         search = RowSearch(len(chunk.rows), alone, sent=search.sent)
                     break
             else:
@@ -194,6 +242,22 @@ class SyncChunkUnit(ChunkUnit):
     """A :class:`ChunkUnit` on a sync ``Session``, in a worker thread."""
 
     __slots__ = ()
+
+    def _checks_sync(self, connection: Connection) -> int:
+        """As :meth:`AsyncChunkUnit._checks_async`, on a sync connection."""
+        queries = self._reference_queries()
+        if queries:
+            try:
+                found = [
+                    (name, query, connection.execute(query.statement, parameters).all())
+                    for name, query, parameters in queries
+                ]
+            except sa_exc.DBAPIError as error:
+                self._check_failed(error, references=True)
+                self.settings.writer.rollback_sync(connection)
+            else:
+                self._reject_missing(found)
+        return self._check_keys_sync(connection)
 
     def _check_keys_sync(self, connection: Connection) -> int:
         """As :meth:`AsyncChunkUnit._check_keys_async`, on a sync connection."""
@@ -219,7 +283,7 @@ class SyncChunkUnit(ChunkUnit):
             connection.exec_driver_sql(prepare)
         writer, table = settings.writer, settings.table
         writer.savepoint_sync(connection, again=False)
-        search = RowSearch(len(chunk.rows), alone=self._check_keys_sync(connection))
+        search = RowSearch(len(chunk.rows), alone=self._checks_sync(connection))
         # Any other error ends the unit: its whole transaction is rolled back, savepoint and all.
         while (attempt := search.next()) is not None:
             for shape, statement, records in chunk.statements(attempt):
@@ -228,7 +292,7 @@ class SyncChunkUnit(ChunkUnit):
                 except Refused as refusal:
                     writer.rollback_sync(connection)
                     if self._refused(search, attempt, statement, refusal):  # start again, keys checked
-                        alone = self._check_keys_sync(connection)
+                        alone = self._checks_sync(connection)
                         search = RowSearch(len(chunk.rows), alone, sent=search.sent)
                     break
             else:
