@@ -1,8 +1,9 @@
 """
-Rows that miss a parent row, found in sets on PostgreSQL: once the server refuses a row of a load for a
-foreign key, each next chunk asks the referenced table for its references and rejects the rows whose
-parent is missing at once, each with an error that reads as the server's. The refused statements grow
-with the chunks, not with the refused rows; every other row is loaded once. On each PostgreSQL driver.
+Rows found refused in sets on PostgreSQL: once the server refuses a row of a load for a foreign key, or
+for a key the table holds, each next chunk asks the referenced table for its parents, or the table for
+its keys, and rejects the rows that miss a parent, or repeat a held key, at once, each with an error
+that reads as the server's. The refused statements grow with the chunks, not with the refused rows;
+every other row is loaded once. On each PostgreSQL driver.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy import exc as sa_exc
 from boundeddb import RowRefused
 from boundeddb._core import rejects
 from tests.loads.conftest import Tables
-from tests.loads.test_load_rejects import code_of, person, seed_taken
+from tests.loads.test_load_rejects import TAKEN_EMAIL, code_of, person, seed_taken
 from tests.support.batches import BatchKit, every
 
 pytestmark = [pytest.mark.usefixtures("collect_garbage")]
@@ -170,3 +171,39 @@ async def test_a_check_that_fails_is_not_asked_again_and_the_search_finds_the_ro
     assert len(checks) == 1, "the check failed once and was not asked again"
     assert len(refused_statements) > len(missing), "found by the search"
     assert tables.column(tables.people, "n") == [-1, *(i for i in range(400) if i not in missing)]
+
+
+@pytest.mark.anyio
+@every(POSTGRES_CASES)
+async def test_rows_whose_key_the_table_holds_are_rejected_in_sets_with_the_servers_words(
+    bkit: BatchKit, tables: Tables, refused_statements: list[int]
+) -> None:
+    """1% of the rows repeat a key the table holds: rejected unsent after the first refusal; repeats alone."""
+    if tables.server != "postgresql":
+        pytest.skip("a set-based check of PostgreSQL's")
+    seed_taken(tables)
+    rng = random.Random(505)
+    taken = set(rng.sample(range(ROWS), ROWS // 100))
+    repeats = {  # within one chunk: across chunks in flight, which row commits first is the race's
+        i: i - 1 for i in rng.sample(range(1, ROWS), 10) if i % BATCH and not {i, i - 1} & taken
+    }
+    rows = [person(i) for i in range(ROWS)]
+    for i in taken:
+        rows[i]["email"] = TAKEN_EMAIL
+    for i, first in repeats.items():
+        rows[i]["email"] = rows[first]["email"]  # a key repeated in the input: the server decides, alone
+    report = await bkit.runner(limit=2).load(tables.people, rows, batch=BATCH)
+
+    bad = taken | set(repeats)
+    assert [rejected.index for rejected in report.rejected] == sorted(bad)
+    assert tables.column(tables.people, "n") == [-1, *(i for i in range(ROWS) if i not in bad)]
+    found = [rejected for rejected in report.rejected if isinstance(rejected.error.orig, RowRefused)]
+    assert {rejected.index for rejected in found} <= taken, "a repeat within the input is the server's"
+    assert len(found) >= len(taken) - 2 * BATCH // 100, "after the first refusals, the check finds them"
+    # Each chunk: at most one refused statement before its check, then one for each repeat, alone.
+    assert len(refused_statements) <= ROWS // BATCH + len(repeats), f"{len(refused_statements)} refused"
+    assert all(code_of(rejected.error) == "23505" for rejected in report.rejected)
+    orig = found[0].error.orig
+    assert orig.constraint_name == "load_people_email_key"
+    bad_row = dict(rows[found[0].index], n=ROWS + 1)
+    assert str(orig).splitlines() == _server_says(tables, bad_row)

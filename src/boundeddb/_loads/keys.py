@@ -3,9 +3,11 @@ A load's duplicate keys found before its chunk is written: once a chunk of the l
 refused for a duplicate key, each next chunk asks the table which of its unique keys it holds, and
 the rows that repeat one (or repeat an earlier row of the chunk) go alone after the others.
 
-It only orders the attempts: the database still decides which row is refused, with its own error. A
-key the check misses (a unique index the metadata does not declare, a row of a chunk in flight) is
-found by the search as before; a row it sets aside that the table takes is written alone.
+Mostly it only orders the attempts: the database still decides which row is refused, with its own
+error. On PostgreSQL, a key whose constraint the server named in such a refusal decides for the rows
+whose key the table holds: they are rejected unsent, with an error that reads as the server's. A key
+the check misses (a unique index the metadata does not declare, a row of a chunk in flight) is found
+by the search as before; a row it sets aside that the table takes is written alone.
 :doc:`/explanation/loads` tells what it saves.
 """
 
@@ -20,9 +22,13 @@ from sqlalchemy import ARRAY, Column, Table, UniqueConstraint, any_, bindparam, 
 from sqlalchemy.engine import Dialect as SADialect
 from sqlalchemy.sql import Select
 
+from .found import NAME_LIMIT, found_error, refused_by, shown
 from .target import Shape
 
 __all__ = ["KeyCheck", "KeyQuery", "plain_columns"]
+
+#: PostgreSQL's SQLSTATE for a duplicate key: unique_violation.
+UNIQUE_VIOLATION = "23505"
 
 #: The most keys one statement asks for where they go one placeholder each (not PostgreSQL's arrays).
 KEYS_PER_STATEMENT: Final = 1000
@@ -50,6 +56,24 @@ def unique_keys(table: Table, dialect: SADialect) -> list[tuple[Column[Any], ...
     return found
 
 
+def _server_names(table: Table) -> dict[tuple[Column[Any], ...], str]:
+    """Each unique key's name on PostgreSQL: the metadata's, or the server's own for an unnamed one."""
+    names: dict[tuple[Column[Any], ...], str] = {}
+    for index in table.indexes:
+        if index.unique and isinstance(index.name, str):
+            names[tuple(index.expressions)] = index.name  # type: ignore[arg-type]
+    for constraint in table.constraints:
+        if isinstance(constraint, UniqueConstraint):
+            given = constraint.name if isinstance(constraint.name, str) else None
+            columns = tuple(constraint.columns)
+            names[columns] = given or "_".join([table.name, *(c.name for c in columns), "key"])[:NAME_LIMIT]
+    primary = table.primary_key
+    if primary.columns:
+        given = primary.name if isinstance(primary.name, str) else None
+        names[tuple(primary.columns)] = given or f"{table.name}_pkey"[:NAME_LIMIT]
+    return names
+
+
 def plain_columns(columns: Sequence[Column[Any]], dialect: SADialect) -> bool:
     """Whether the values of ``columns`` go to the driver and come back unprocessed: a query asks for them."""
     return all(
@@ -65,7 +89,7 @@ class KeyQuery:
     longer key's tuple) and the statement that asks the table which of some keys it holds.
     """
 
-    __slots__ = ("array", "get", "single", "statement")
+    __slots__ = ("array", "columns", "get", "single", "statement")
 
     def __init__(
         self,
@@ -76,6 +100,7 @@ class KeyQuery:
         local: tuple[Column[Any], ...] | None = None,
     ) -> None:
         """``local``: the record's columns that hold the key, if not ``columns`` (a foreign key's)."""
+        self.columns = columns
         self.get: Callable[[Any], Any] = itemgetter(*(names.index(c.name) for c in local or columns))
         self.single = len(columns) == 1
         #: Whether the statement takes every key as one array (PostgreSQL's one-column keys), not lists.
@@ -115,11 +140,56 @@ class KeyCheck:
     """
 
     def __init__(self, table: Table, dialect: SADialect) -> None:
+        self._table = table
         self._keys = unique_keys(table, dialect)
         self._arrays = dialect.name == "postgresql"
         #: Whether the next chunk checks its keys.
         self.armed = False
         self._queries: dict[Shape, list[KeyQuery]] = {}
+        #: PostgreSQL's name of each key; the keys whose name the server gave in a refusal.
+        self._names = _server_names(table) if self._arrays else {}
+        self._deciding: set[tuple[Column[Any], ...]] = set()
+        #: The error of each held key met so far, by key columns and value: shared by its rows.
+        self._errors: dict[tuple[tuple[Column[Any], ...], Any], Exception] = {}
+
+    def arm(self, error: Exception) -> None:
+        """Check the next chunks' keys; on PostgreSQL, let the key that ``error`` names decide."""
+        self.armed = True
+        name = refused_by(error, UNIQUE_VIOLATION)
+        if name is not None:
+            for columns in self._keys:
+                if self._names.get(columns) == name:
+                    self._deciding.add(columns)
+
+    def held(self, records: list[Any], found: list[tuple[KeyQuery, Sequence[Any]]]) -> dict[int, Exception]:
+        """
+        The offsets of the ``records`` whose key the table holds (``found``), by a key that decides,
+        each with the error the server gives for it.
+        """
+        refused: dict[int, Exception] = {}
+        for query, rows in found:
+            if query.columns not in self._deciding:
+                continue
+            keys_held = set(query.keys_of(rows))
+            for offset, key in enumerate(map(query.get, records)):
+                if offset not in refused and key in keys_held:
+                    refused[offset] = self._refusal(query.columns, key)
+        return refused
+
+    def _refusal(self, columns: tuple[Column[Any], ...], key: Any) -> Exception:
+        """What the server says of a row whose ``key`` of ``columns`` the table holds (one per key)."""
+        made = self._errors.get((columns, key))
+        if made is None:
+            name = self._names[columns]
+            shown_columns = ", ".join(column.name for column in columns)
+            made = self._errors[columns, key] = found_error(
+                f'duplicate key value violates unique constraint "{name}"',
+                code=UNIQUE_VIOLATION,
+                constraint=name,
+                table=self._table.name,
+                detail=f"Key ({shown_columns})=({shown(key)}) already exists.",
+            )
+        return made
 
     @property
     def usable(self) -> bool:

@@ -18,39 +18,24 @@ from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import ARRAY, Column, ForeignKeyConstraint, Table, bindparam, exists, func, select
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect as SADialect
 from sqlalchemy.sql import Select
 
-from .._errors import RowRefused
+from .found import NAME_LIMIT, found_error, refused_by, shown
 from .keys import KeyQuery, plain_columns
 from .target import Shape
 
-__all__ = ["MissingQuery", "ReferenceCheck", "constraint_name"]
+__all__ = ["MissingQuery", "ReferenceCheck"]
 
 #: PostgreSQL's SQLSTATE for a row whose foreign key names no row: foreign_key_violation.
 FOREIGN_KEY_VIOLATION = "23503"
-#: The most characters of an identifier PostgreSQL keeps (NAMEDATALEN - 1).
-_NAME_LIMIT = 63
-
-
-def constraint_name(orig: BaseException | None) -> str | None:
-    """The constraint a PostgreSQL driver's error names: psycopg's and psycopg2's ``diag``, asyncpg's own."""
-    for candidate in (orig, getattr(orig, "__cause__", None)):
-        if candidate is None:
-            continue
-        for holder in (getattr(candidate, "diag", None), candidate):
-            name = getattr(holder, "constraint_name", None)
-            if isinstance(name, str):
-                return name
-    return None
 
 
 def _server_name(constraint: ForeignKeyConstraint, table: Table) -> str:
     """The constraint's name in the database: the metadata's, or PostgreSQL's for an unnamed one."""
     if isinstance(constraint.name, str):
         return constraint.name
-    return "_".join([table.name, *(column.name for column in constraint.columns), "fkey"])[:_NAME_LIMIT]
+    return "_".join([table.name, *(column.name for column in constraint.columns), "fkey"])[:NAME_LIMIT]
 
 
 class _Reference:
@@ -116,13 +101,7 @@ class ReferenceCheck:
 
     def arm(self, error: Exception) -> bool:
         """Arm the foreign key that ``error`` refused a row for, if the check knows it: whether it did."""
-        if not isinstance(error, sa_exc.IntegrityError) or error.orig is None:
-            return False
-        from .._dialects.postgresql import sqlstate
-
-        if sqlstate(error.orig) != FOREIGN_KEY_VIOLATION:
-            return False
-        name = constraint_name(error.orig)
+        name = refused_by(error, FOREIGN_KEY_VIOLATION)
         if name is None or name not in self._references:
             return False
         self.armed.add(name)
@@ -183,14 +162,12 @@ class ReferenceCheck:
         if made is not None:
             return made
         columns = ", ".join(column.name for column in reference.local)
-        values = ", ".join(map(str, key)) if key.__class__ is tuple else str(key)
-        table = self._table.name
-        orig = RowRefused(
+        table, parent = self._table.name, reference.referred_table.name
+        made = self._errors[reference.name, key] = found_error(
             f'insert or update on table "{table}" violates foreign key constraint "{reference.name}"',
-            sqlstate=FOREIGN_KEY_VIOLATION,
-            constraint_name=reference.name,
-            table_name=table,
-            detail=f'Key ({columns})=({values}) is not present in table "{reference.referred_table.name}".',
+            code=FOREIGN_KEY_VIOLATION,
+            constraint=reference.name,
+            table=table,
+            detail=f'Key ({columns})=({shown(key)}) is not present in table "{parent}".',
         )
-        made = self._errors[reference.name, key] = sa_exc.IntegrityError(None, None, orig)
         return made

@@ -107,7 +107,7 @@ class ChunkUnit:
         whole = len(chunk.runs) == 1 and attempt.rows == len(chunk.rows)  # nothing written nor refused yet
         keys = self.settings.keys
         if keys is not None and is_duplicate_key(refusal.error):
-            keys.armed = True
+            keys.arm(refusal.error)
             if not self.checked and whole and search.sent == attempt.rows:
                 return True
         references = self.settings.references
@@ -149,10 +149,17 @@ class ChunkUnit:
             self.chunk.reject(refused)
 
     def _set_aside(self, found: list[tuple[KeyQuery, Sequence[Any]]]) -> int:
-        """Set aside the rows whose key the table (``found``) or an earlier row has: how many."""
+        """
+        Reject the rows whose key the table holds (``found``) by a key that decides; set aside those
+        whose key the table or an earlier row has: how many.
+        """
         chunk, keys = self.chunk, self.settings.keys
         assert keys is not None
+        refused = keys.held(chunk.data, found)
+        if refused:
+            chunk.reject(refused)
         offsets = keys.repeated(chunk.data, found)
+        keys.armed = keys.armed or bool(refused)  # rows rejected: the next chunk checks too
         if offsets:
             chunk.set_aside(offsets)
         self.aside = len(offsets)
