@@ -28,6 +28,7 @@ from boundeddb import (
     ProcessRunner,
     RejectedRow,
     RetryPolicy,
+    RowRefused,
     RunFailed,
     RunnerStatistics,
     RunReport,
@@ -301,6 +302,12 @@ async def loads() -> None:
         assert_type(rejected, RejectedRow)
         assert_type(rejected.index, int)
         assert_type(rejected.error, Exception)
+        orig = getattr(rejected.error, "orig", None)
+        if isinstance(orig, RowRefused):  # found in a set: reads as the server's error
+            assert_type(orig.sqlstate, str)
+            assert_type(orig.constraint_name, str)
+            assert_type(orig.diag.constraint_name, str)
+            assert_type(orig.pgcode, str)
     assert_type(await runner.load(table, [(1, "a")], columns=["id", "email"], errors="raise"), LoadReport)
     threads = ThreadOffloadRunner(sync_sessions, limit=4)
     assert_type(await threads.load(table, rows), LoadReport)
