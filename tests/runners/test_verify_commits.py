@@ -238,7 +238,7 @@ def backends_not_ended(monkeypatch: pytest.MonkeyPatch) -> None:
     The runner's side connection cannot end a discarded connection's backend (as behind a network
     partition), so that a cut COMMIT runs on: otherwise it is terminated, and aborted, at once.
     """
-    monkeypatch.setattr(boundeddb._dialects.postgresql, "end_backends", lambda target, backends: None)
+    monkeypatch.setattr(boundeddb._dialects.postgresql, "end_backends", lambda *_: None)
 
 
 @pytest.fixture

@@ -298,3 +298,57 @@ def test_mysql_errors_are_classified() -> None:
     assert not is_transient(
         sa_exc.IntegrityError("INSERT", {}, pymysql.err.IntegrityError(1062, "Duplicate entry"))
     )
+
+
+#: Rows of the transaction whose rollback keeps a killed connection on the server for a while.
+ROLLBACK_ROWS = 1_000_000
+
+
+def test_a_connection_discarded_while_another_one_rolls_back_is_ended_at_once(mysql_db: MariaDB) -> None:
+    """
+    The ender's wait for a connection whose rollback is long never holds back the next one: a sleeping
+    connection handed in meanwhile is killed and gone while the first still rolls back.
+    """
+    import pymysql
+
+    from boundeddb._dialects.enders import Enders
+    from boundeddb._dialects.mysql import end_connections
+
+    url = mysql_db.url("pymysql")
+    options = {"host": url.host, "port": url.port or 3306, "user": url.username}
+    options["database"] = mysql_db.database
+    big, sleeper = pymysql.connect(**options), pymysql.connect(**options)
+    with big.cursor() as cursor:
+        cursor.execute("CREATE TABLE rollback_rows (id INT PRIMARY KEY, pad CHAR(100)) ENGINE=InnoDB")
+        cursor.execute("BEGIN")
+        cursor.execute(f"INSERT INTO rollback_rows SELECT seq, 'x' FROM seq_1_to_{ROLLBACK_ROWS}")
+    sleeping = threading.Thread(target=_sleep_until_killed, args=(sleeper,), daemon=True)
+    sleeping.start()
+    big_id, sleeper_id = big.thread_id(), sleeper.thread_id()
+    assert eventually(lambda: sleeper_id in {i for i, _ in mysql_db.statements("%SLEEP(%")}, 10)
+
+    enders: Enders[int] = Enders("test-mysql-end", end_connections)
+    enders.end_soon(url, big_id)
+    assert eventually(lambda: _command(mysql_db, big_id) == "Killed", 10), "rolling back"
+    enders.end_soon(url, sleeper_id)
+    assert eventually(lambda: _command(mysql_db, sleeper_id) is None, 1.0), "killed at once"
+    assert _command(mysql_db, big_id) == "Killed", f"{ROLLBACK_ROWS:,} rows still rolling back: set-up held"
+    enders.wait(url, timeout=30)
+    assert _command(mysql_db, big_id) is None
+    sleeping.join(10)
+    with mysql_db.admin.begin() as connection:
+        connection.execute(text(f"DROP TABLE `{mysql_db.database}`.rollback_rows"))
+
+
+def _sleep_until_killed(connection: Any) -> None:
+    with contextlib.suppress(Exception), connection.cursor() as cursor:
+        cursor.execute("SELECT SLEEP(60)")
+
+
+def _command(mysql_db: MariaDB, ident: int) -> str | None:
+    """The server's ``command`` of connection ``ident``, or None once it is gone."""
+    with mysql_db.admin.connect() as connection:
+        row = connection.execute(
+            text("SELECT command FROM information_schema.processlist WHERE id = :id"), {"id": ident}
+        ).first()
+    return None if row is None else str(row[0])

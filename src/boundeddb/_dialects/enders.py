@@ -8,7 +8,8 @@ a half-open connection looks alive. A dialect hands each such connection's serve
 :meth:`Enders.end_soon`, from the pool's ``invalidate`` event, which must never block: the caller
 may be an event loop. A thread of :class:`Enders` then ends them from a side connection of its own,
 all that were handed in meanwhile at once, and a cancelled run waits for it in
-:meth:`Enders.wait`.
+:meth:`Enders.wait`. While it waits for the server to let go of them, it takes in those handed in
+since and ends them too: an ending that takes long (a server slow to end one) never makes another wait.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["END_WAIT_S", "Enders"]
+__all__ = ["END_WAIT_S", "Enders", "More"]
 
 logger = logging.getLogger("boundeddb.dialects")
 
@@ -29,15 +30,20 @@ END_WAIT_S = 5.0
 Ident = TypeVar("Ident")
 
 
+#: What ``end`` is given to take in the identities handed in since it was called: those, or none.
+More = Callable[[], list[Ident]]
+
+
 class Enders(Generic[Ident]):
     """
-    Ends discarded connections through ``end(key, idents)``, in a thread per key (an engine URL).
+    Ends discarded connections through ``end(key, idents, more)``, in a thread per key (an engine URL).
 
     ``end`` ends every connection of ``idents`` on the server that ``key`` names and returns once
-    they are gone, or after a few seconds; it logs its own failures.
+    they are gone, or after a few seconds; it logs its own failures. While it waits, it calls
+    ``more()`` for the identities handed in since, and ends those too.
     """
 
-    def __init__(self, name: str, end: Callable[[Hashable, Sequence[Ident]], None]) -> None:
+    def __init__(self, name: str, end: Callable[[Hashable, Sequence[Ident], More[Ident]], None]) -> None:
         self._name = name
         self._end = end
         self._lock = threading.Lock()
@@ -70,9 +76,14 @@ class Enders(Generic[Ident]):
                     del self._threads[key]
                     return
             try:
-                self._end(key, idents)
+                self._end(key, idents, lambda: self._more(key))
             except Exception:  # never let the thread die with identities still queued
                 logger.exception("%s: ending discarded connections failed", self._name)
+
+    def _more(self, key: Hashable) -> list[Ident]:
+        """The identities handed in for ``key`` since its thread last took them (its ``end``'s ``more``)."""
+        with self._lock:
+            return self._queued.pop(key, [])
 
     def ending(self, key: Hashable) -> bool:
         """Whether connections discarded on ``key`` are still being ended."""

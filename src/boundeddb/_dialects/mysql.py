@@ -28,7 +28,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
 from .base import STATEMENT_ENDED, Dialect, may_hold_connections
-from .enders import END_WAIT_S, Enders
+from .enders import END_WAIT_S, Enders, More
 
 __all__ = ["DIALECT", "NAMES", "MySQL"]
 
@@ -151,10 +151,11 @@ def kill_queries(url: URL, thread_ids: Sequence[int]) -> None:
         connection.close()
 
 
-def end_connections(url: Hashable, thread_ids: Sequence[int]) -> None:
+def end_connections(url: Hashable, thread_ids: Sequence[int], more: More[int] = list) -> None:
     """
     ``KILL CONNECTION`` each of ``thread_ids`` from a new pymysql connection to ``url``'s server, then
-    wait until the server has ended them, at most :data:`END_WAIT_S`. Failures are logged.
+    wait until the server has ended them, at most :data:`END_WAIT_S` after the last were killed;
+    meanwhile, each poll kills those that ``more()`` hands in too. Failures are logged.
 
     A killed connection stays in the server's process list until its transaction is rolled back, so
     one gone from the list holds no transaction. ``information_schema.innodb_trx`` would not do:
@@ -164,19 +165,28 @@ def end_connections(url: Hashable, thread_ids: Sequence[int]) -> None:
     connection = _side_connection(url, "KILL CONNECTION", thread_ids)
     if connection is None:
         return
+    left: list[int] = []
+    new = list(thread_ids)
     deadline = time.monotonic() + END_WAIT_S
     try:
         with connection.cursor() as cursor:
-            for thread_id in thread_ids:
-                _kill(cursor, "KILL CONNECTION", thread_id)
-            left = list(thread_ids)
-            while left := [thread_id for thread_id in left if _listed(cursor, thread_id)]:
+            while True:
+                if new:
+                    for thread_id in new:
+                        _kill(cursor, "KILL CONNECTION", thread_id)
+                    left += new
+                    deadline = time.monotonic() + END_WAIT_S  # the newest have their whole wait
+                left = [thread_id for thread_id in left if _listed(cursor, thread_id)]
+                new = more()
+                if not left and not new:
+                    return
                 if time.monotonic() > deadline:
                     logger.warning("MySQL: connection(s) %s not ended after %s s", left, END_WAIT_S)
-                    return
-                time.sleep(_END_POLL_S)
+                    left = []
+                elif not new:
+                    time.sleep(_END_POLL_S)
     except Exception as error:
-        logger.warning("MySQL: waiting for connection(s) %s to end failed: %s", list(thread_ids), error)
+        logger.warning("MySQL: waiting for connection(s) %s to end failed: %s", left + new, error)
     finally:
         connection.close()
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .enders import END_WAIT_S
+from .enders import END_WAIT_S, More
 
 __all__ = [
     "IDENTITY_SQL",
@@ -105,22 +105,41 @@ def _left_sql(backends: Sequence[BackendId]) -> str:
     return f"SELECT count(*) FROM pg_stat_activity WHERE {_in_list(backends)}"
 
 
-def end_backends(target: SideTarget, backends: Sequence[BackendId]) -> None:
+class _Ending:
+    """The backends one call of :func:`end_backends` ends: those it was given, and those taken in since."""
+
+    def __init__(self, backends: Sequence[BackendId], more: More[BackendId]) -> None:
+        self.backends = list(backends)
+        self._more = more
+        #: When to give up waiting: :data:`~boundeddb._dialects.enders.END_WAIT_S` after the last taken in.
+        self.deadline = time.monotonic() + END_WAIT_S
+
+    def take(self) -> list[BackendId]:
+        """The backends handed in since, now among :attr:`backends` too."""
+        new = self._more()
+        if new:
+            self.backends += new
+            self.deadline = time.monotonic() + END_WAIT_S
+        return new
+
+
+def end_backends(target: SideTarget, backends: Sequence[BackendId], more: More[BackendId] = list) -> None:
     """
     Terminate ``backends`` from a side connection to ``target``'s server and wait until they are
-    gone, all within :data:`~boundeddb._dialects.enders.END_WAIT_S`. A side connection that cannot be
-    opened, fails, or whose query takes longer than :data:`_QUERY_S` (a frozen link) is given up and
-    another one opened meanwhile. Failures are logged.
+    gone, within :data:`~boundeddb._dialects.enders.END_WAIT_S`; meanwhile, terminate those that
+    ``more()`` hands in too. A side connection that cannot be opened, fails, or whose query takes
+    longer than :data:`_QUERY_S` (a frozen link) is given up and another one opened meanwhile.
+    Failures are logged.
     """
-    deadline = time.monotonic() + END_WAIT_S
+    ending = _Ending(backends, more)
     attempt = _attempt_asyncpg if target.driver == "asyncpg" else _attempt_sync
     while True:
         try:
-            attempt(target, backends, deadline)
+            attempt(target, ending)
             return
         except Exception as error:
-            if time.monotonic() + _RETRY_S > deadline:
-                pids = ", ".join(str(b.pid) for b in backends)
+            if time.monotonic() + _RETRY_S > ending.deadline:
+                pids = ", ".join(str(b.pid) for b in ending.backends)
                 logger.warning("PostgreSQL: ending discarded backend(s) %s failed: %s", pids, error)
                 return
             logger.debug("PostgreSQL: a side connection failed, opening another: %s", error)
@@ -132,7 +151,7 @@ def _query_s(deadline: float) -> float:
     return max(_RETRY_S, min(_QUERY_S, deadline - time.monotonic()))
 
 
-def _attempt_sync(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
+def _attempt_sync(target: SideTarget, ending: _Ending) -> None:
     """One side connection on psycopg or psycopg2: terminate, then wait until the backends are gone."""
     if target.driver == "psycopg2":
         import psycopg2  # type: ignore[import-untyped,unused-ignore]
@@ -146,18 +165,22 @@ def _attempt_sync(target: SideTarget, backends: Sequence[BackendId], deadline: f
         connection.autocommit = True
         cursor = connection.cursor()
         with _Watchdog(connection.fileno()) as watchdog:
-            with watchdog.armed(_query_s(deadline)):
-                cursor.execute(_terminate_sql(backends))
+            new = ending.backends
             while True:
-                with watchdog.armed(_query_s(deadline)):
-                    cursor.execute(_left_sql(backends))
+                if new:
+                    with watchdog.armed(_query_s(ending.deadline)):
+                        cursor.execute(_terminate_sql(new))
+                with watchdog.armed(_query_s(ending.deadline)):
+                    cursor.execute(_left_sql(ending.backends))
                     left = cursor.fetchone()[0]
-                if not left:
+                new = ending.take()
+                if not left and not new:
                     return
-                if time.monotonic() > deadline:
-                    _not_ended(backends)
+                if time.monotonic() > ending.deadline:
+                    _not_ended(ending.backends)
                     return
-                time.sleep(_POLL_S)
+                if not new:
+                    time.sleep(_POLL_S)
     finally:
         connection.close()
 
@@ -214,24 +237,33 @@ class _Watchdog:
                         side.shutdown(socket.SHUT_RDWR)
 
 
-def _attempt_asyncpg(target: SideTarget, backends: Sequence[BackendId], deadline: float) -> None:
+def _attempt_asyncpg(target: SideTarget, ending: _Ending) -> None:
     """One side connection on asyncpg, in an event loop of its own: :func:`_attempt_sync`'s steps."""
-    asyncio.run(_end_asyncpg(target.arguments, backends, deadline))
+    asyncio.run(_end_asyncpg(target.arguments, ending))
 
 
-async def _end_asyncpg(arguments: dict[str, Any], backends: Sequence[BackendId], deadline: float) -> None:
+async def _end_asyncpg(arguments: dict[str, Any], ending: _Ending) -> None:
     import asyncpg
 
     # This loop's stray errors (asyncpg's on a connection given up) are the side connection's own.
     asyncio.get_running_loop().set_exception_handler(_side_loop_error)
     connection = await asyncpg.connect(**arguments)
     try:
-        await asyncio.wait_for(connection.fetchval(_terminate_sql(backends)), _query_s(deadline))
-        while await asyncio.wait_for(connection.fetchval(_left_sql(backends)), _query_s(deadline)):
-            if time.monotonic() > deadline:
-                _not_ended(backends)
+        new = ending.backends
+        while True:
+            if new:
+                await asyncio.wait_for(connection.fetchval(_terminate_sql(new)), _query_s(ending.deadline))
+            left = await asyncio.wait_for(
+                connection.fetchval(_left_sql(ending.backends)), _query_s(ending.deadline)
+            )
+            new = ending.take()
+            if not left and not new:
                 return
-            await asyncio.sleep(_POLL_S)
+            if time.monotonic() > ending.deadline:
+                _not_ended(ending.backends)
+                return
+            if not new:
+                await asyncio.sleep(_POLL_S)
     finally:
         connection.terminate()
 

@@ -125,10 +125,10 @@ class PostgreSQL(Dialect):
         if may_hold_connections(engine.pool):  # made before the runner: met at their next checkout
             event.listen(engine.pool, "checkout", on_checkout)
 
-    def _end(self, url: Any, backends: Any) -> None:
+    def _end(self, url: Any, backends: Any, more: Any) -> None:
         with self._lock:
             target = self._targets[url]
-        end_backends(target, backends)
+        end_backends(target, backends, more)
 
     def ending_connections(self, url: Any) -> bool:
         return self._enders.ending(url)
