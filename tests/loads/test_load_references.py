@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pickle
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,23 +19,17 @@ from sqlalchemy import exc as sa_exc
 from boundeddb import RowRefused
 from boundeddb._core import rejects
 from tests.loads.conftest import Tables
-from tests.loads.test_load_rejects import TAKEN_EMAIL, code_of, person, seed_taken
+from tests.loads.test_load_rejects import POSTGRES_CASES, TAKEN_EMAIL, code_of, person, seed_taken
 from tests.support.batches import BatchKit, every
 
 pytestmark = [pytest.mark.usefixtures("collect_garbage")]
 
-POSTGRES_CASES = [
-    ("semaphore", "asyncio"),
-    ("semaphore-psycopg", "asyncio"),
-    ("threads-psycopg", "asyncio"),
-    ("threads-psycopg2", "asyncio"),
-]
 ROWS = 3000
 BATCH = 500
 
 
 @pytest.fixture
-def refused_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+def refused_statements(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many statements the database refused, over every chunk's search (a spy, not a stand-in)."""
     seen: list[int] = []
     real = rejects.RowSearch.refused
@@ -62,8 +55,6 @@ async def test_rows_that_miss_a_parent_are_rejected_in_sets_with_the_servers_wor
     bkit: BatchKit, tables: Tables, refused_statements: list[int]
 ) -> None:
     """One row in five misses its parent (two foreign keys, one deferred): each rejected, in sets."""
-    if tables.server != "postgresql":
-        pytest.skip("a set-based check of PostgreSQL's")
     seed_taken(tables)
     rng = random.Random(55)
     missing = set(rng.sample(range(ROWS), ROWS // 5))
@@ -101,8 +92,6 @@ async def test_a_foreign_key_named_otherwise_in_the_database_is_found_by_the_sea
     bkit: BatchKit, tables: Tables, refused_statements: list[int]
 ) -> None:
     """The metadata's name is not the server's: the check never arms, and the search still finds each row."""
-    if tables.server != "postgresql":
-        pytest.skip("a set-based check of PostgreSQL's")
     seed_taken(tables)
     with tables.kit.admin().begin() as connection:
         connection.execute(
@@ -141,8 +130,6 @@ async def test_a_check_that_fails_is_not_asked_again_and_the_search_finds_the_ro
     bkit: BatchKit, tables: Tables, refused_statements: list[int]
 ) -> None:
     """The referenced table is not where the metadata says: the check fails once, the search does the rest."""
-    if tables.server != "postgresql":
-        pytest.skip("a set-based check of PostgreSQL's")
     seed_taken(tables)
     with tables.kit.admin().begin() as connection:  # the foreign key follows the table; the metadata does not
         connection.execute(text("ALTER TABLE load_refs RENAME TO load_refs_moved"))
@@ -179,8 +166,6 @@ async def test_rows_whose_key_the_table_holds_are_rejected_in_sets_with_the_serv
     bkit: BatchKit, tables: Tables, refused_statements: list[int]
 ) -> None:
     """1% of the rows repeat a key the table holds: rejected unsent after the first refusal; repeats alone."""
-    if tables.server != "postgresql":
-        pytest.skip("a set-based check of PostgreSQL's")
     seed_taken(tables)
     rng = random.Random(505)
     taken = set(rng.sample(range(ROWS), ROWS // 100))

@@ -27,13 +27,17 @@ from tests.support.faults import codes_of
 
 pytestmark = [pytest.mark.usefixtures("collect_garbage")]
 
-#: A case per bulk path and driver family: PostgreSQL's four drivers, MariaDB's async and sync drivers,
-#: SQLite's two.
-REJECT_CASES = [
+#: PostgreSQL's four drivers, each a bulk path of its own (asyncpg's binary COPY, psycopg 3's, psycopg2's).
+POSTGRES_CASES = [
     ("semaphore", "asyncio"),
     ("semaphore-psycopg", "asyncio"),
     ("threads-psycopg", "asyncio"),
     ("threads-psycopg2", "asyncio"),
+]
+#: A case per bulk path and driver family: PostgreSQL's four drivers, MariaDB's async and sync drivers,
+#: SQLite's two.
+REJECT_CASES = [
+    *POSTGRES_CASES,
     ("chunked-asyncmy", "asyncio"),
     ("threads-pymysql", "asyncio"),
     ("semaphore-aiosqlite", "asyncio"),

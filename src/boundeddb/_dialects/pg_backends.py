@@ -114,13 +114,22 @@ class _Ending:
         #: When to give up waiting: :data:`~boundeddb._dialects.enders.END_WAIT_S` after the last taken in.
         self.deadline = time.monotonic() + END_WAIT_S
 
-    def take(self) -> list[BackendId]:
-        """The backends handed in since, now among :attr:`backends` too."""
+    def after(self, left: int) -> list[BackendId] | None:
+        """
+        What to terminate next, once ``left`` of :attr:`backends` are still on the server: those handed
+        in since (now among :attr:`backends` too), ``[]`` to poll again, ``None`` when done or too late.
+        """
         new = self._more()
         if new:
             self.backends += new
             self.deadline = time.monotonic() + END_WAIT_S
-        return new
+            return new
+        if not left:
+            return None
+        if time.monotonic() > self.deadline:
+            _not_ended(self.backends)
+            return None
+        return []
 
 
 def end_backends(target: SideTarget, backends: Sequence[BackendId], more: More[BackendId] = list) -> None:
@@ -165,21 +174,15 @@ def _attempt_sync(target: SideTarget, ending: _Ending) -> None:
         connection.autocommit = True
         cursor = connection.cursor()
         with _Watchdog(connection.fileno()) as watchdog:
-            new = ending.backends
-            while True:
+            new: list[BackendId] | None = ending.backends
+            while new is not None:
                 if new:
                     with watchdog.armed(_query_s(ending.deadline)):
                         cursor.execute(_terminate_sql(new))
                 with watchdog.armed(_query_s(ending.deadline)):
                     cursor.execute(_left_sql(ending.backends))
-                    left = cursor.fetchone()[0]
-                new = ending.take()
-                if not left and not new:
-                    return
-                if time.monotonic() > ending.deadline:
-                    _not_ended(ending.backends)
-                    return
-                if not new:
+                    new = ending.after(cursor.fetchone()[0])
+                if new == []:
                     time.sleep(_POLL_S)
     finally:
         connection.close()
@@ -249,20 +252,15 @@ async def _end_asyncpg(arguments: dict[str, Any], ending: _Ending) -> None:
     asyncio.get_running_loop().set_exception_handler(_side_loop_error)
     connection = await asyncpg.connect(**arguments)
     try:
-        new = ending.backends
-        while True:
+        new: list[BackendId] | None = ending.backends
+        while new is not None:
             if new:
                 await asyncio.wait_for(connection.fetchval(_terminate_sql(new)), _query_s(ending.deadline))
             left = await asyncio.wait_for(
                 connection.fetchval(_left_sql(ending.backends)), _query_s(ending.deadline)
             )
-            new = ending.take()
-            if not left and not new:
-                return
-            if time.monotonic() > ending.deadline:
-                _not_ended(ending.backends)
-                return
-            if not new:
+            new = ending.after(left)
+            if new == []:
                 await asyncio.sleep(_POLL_S)
     finally:
         connection.terminate()
